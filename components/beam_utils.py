@@ -1,0 +1,39 @@
+"""Running Beam pipelines: pipeline args pass through unchanged, errors come back clean."""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from components.errors import HpmlError
+
+_BEAM_CONTEXT = re.compile(r"\s*\[while running '[^']*'\]")
+
+
+def make_pipeline(beam_pipeline_args: Sequence[str] | None) -> beam.Pipeline:
+    """A Beam pipeline on the in-process DirectRunner unless the args name another runner."""
+    args = list(beam_pipeline_args or [])
+    if not any(a.startswith("--runner") for a in args):
+        args.append("--runner=DirectRunner")
+    return beam.Pipeline(options=PipelineOptions(args))
+
+
+def run_pipeline(pipeline: beam.Pipeline):
+    """Run to completion; an HpmlError raised inside a DoFn keeps its own clean message."""
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+        return result
+    except HpmlError as err:
+        message = _BEAM_CONTEXT.sub("", str(err))
+        raise type(err)(message, getattr(err, "hint", None)) from None
+
+
+def counter_value(result, namespace: str, name: str) -> int:
+    """The committed value of a Beam metrics counter (0 when it never fired)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found = result.metrics().query(MetricsFilter().with_namespace(namespace).with_name(name))
+    return int(sum(c.committed or 0 for c in found["counters"]))

@@ -1,0 +1,117 @@
+"""Infer a tensorflow_metadata Schema from tf.Examples, and check data against a given one.
+
+A feature present in every example with exactly one value gets `shape {dim {size: 1}}`,
+which tf.Transform reads as a FixedLenFeature; anything else stays a VarLenFeature, as TFX's
+SchemaGen does with infer_feature_shape=True.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+from tensorflow_metadata.proto.v0 import schema_pb2
+
+from components.errors import InputDataError
+
+_KINDS = {"int64_list": schema_pb2.INT, "float_list": schema_pb2.FLOAT, "bytes_list": schema_pb2.BYTES}
+_KIND_NAMES = {schema_pb2.INT: "INT", schema_pb2.FLOAT: "FLOAT", schema_pb2.BYTES: "BYTES"}
+
+
+class FeatureStats(beam.CombineFn):
+    """Per feature: its kind, how many examples have it, and its min and max value counts."""
+
+    def create_accumulator(self):
+        return {"_n": 0}
+
+    def add_input(self, acc, serialized: bytes):
+        import tensorflow as tf
+
+        example = tf.train.Example.FromString(serialized)
+        acc["_n"] += 1
+        for name, feature in example.features.feature.items():
+            kind = feature.WhichOneof("kind")
+            if kind is None:
+                continue
+            count = len(getattr(feature, kind).value)
+            stats = acc.get(name)
+            if stats is None:
+                acc[name] = [kind, 1, count, count]
+            else:
+                if stats[0] != kind:
+                    raise InputDataError(f"feature {name!r} is {stats[0]} in some examples and {kind} in others")
+                stats[1] += 1
+                stats[2] = min(stats[2], count)
+                stats[3] = max(stats[3], count)
+        return acc
+
+    def merge_accumulators(self, accs):
+        merged = self.create_accumulator()
+        for acc in accs:
+            for name, stats in acc.items():
+                if name == "_n":
+                    merged["_n"] += stats
+                elif name not in merged:
+                    merged[name] = list(stats)
+                else:
+                    mine = merged[name]
+                    if mine[0] != stats[0]:
+                        raise InputDataError(
+                            f"feature {name!r} is {mine[0]} in some examples and {stats[0]} in others"
+                        )
+                    mine[1] += stats[1]
+                    mine[2] = min(mine[2], stats[2])
+                    mine[3] = max(mine[3], stats[3])
+        return merged
+
+    def extract_output(self, acc):
+        return acc
+
+
+def schema_from_stats(stats: dict) -> schema_pb2.Schema:
+    total = stats["_n"]
+    schema = schema_pb2.Schema()
+    for name in sorted(k for k in stats if k != "_n"):
+        kind, present, min_count, max_count = stats[name]
+        feature = schema.feature.add(name=name, type=_KINDS[kind])
+        if present == total and min_count == 1 and max_count == 1:
+            feature.shape.dim.add(size=1)
+            feature.presence.min_fraction = 1.0
+        else:
+            feature.value_count.min = min_count
+            feature.value_count.max = max_count
+        feature.presence.min_count = 1
+    return schema
+
+
+def check_against(expected: schema_pb2.Schema, inferred: schema_pb2.Schema, source: str) -> None:
+    """Every feature the expected schema names must exist in the data with the same type."""
+    found = {f.name: f for f in inferred.feature}
+    for feature in expected.feature:
+        actual = found.get(feature.name)
+        if actual is None:
+            raise InputDataError(
+                f"{source}: schema field {feature.name!r} is not in the data",
+                hint=f"the data has: {', '.join(sorted(found))}",
+            )
+        if actual.type != feature.type:
+            raise InputDataError(
+                f"{source}: schema field {feature.name!r} is {_KIND_NAMES.get(feature.type)} "
+                f"but the data holds {_KIND_NAMES.get(actual.type)}"
+            )
+
+
+def read_schema(path: str) -> schema_pb2.Schema:
+    from google.protobuf import text_format
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return text_format.Parse(handle.read(), schema_pb2.Schema())
+    except FileNotFoundError:
+        raise InputDataError(f"schema file {path} does not exist") from None
+    except text_format.ParseError as err:
+        raise InputDataError(f"{path}: not a valid schema.pbtxt ({err})") from None
+
+
+def write_schema(schema: schema_pb2.Schema, path: str) -> None:
+    from google.protobuf import text_format
+
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text_format.MessageToString(schema))

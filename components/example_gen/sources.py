@@ -1,0 +1,181 @@
+"""Readers that keep each record's file and row, so every bad-input error can name them."""
+from __future__ import annotations
+
+import csv
+import glob
+import gzip
+import os
+from typing import Iterator, Sequence
+
+import apache_beam as beam
+
+from components.errors import InputDataError
+
+NAMESPACE = "hpml.example_gen"
+
+# Column kinds, ordered from narrowest to widest; a column takes the widest kind it needs.
+NONE, INT, FLOAT, BYTES = 0, 1, 2, 3
+
+
+def expand_inputs(pattern: str) -> list[str]:
+    """The input files for a path, directory or glob; a clear error when there are none."""
+    if os.path.isdir(pattern):
+        files = sorted(p for p in glob.glob(os.path.join(pattern, "*")) if os.path.isfile(p))
+    else:
+        files = sorted(glob.glob(pattern))
+    if not files:
+        raise InputDataError(f"no input files match {pattern}", hint="check the data path")
+    return files
+
+
+def read_csv_header(path: str) -> list[str]:
+    """The header row, checked before any Beam work so an empty file fails fast."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if not header or not any(h.strip() for h in header):
+            raise InputDataError(f"{path}: the file is empty (no header row)")
+        names = [h.strip() for h in header]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise InputDataError(f"{path}:1: duplicate column name(s) {', '.join(duplicates)}")
+        if any(not n for n in names):
+            raise InputDataError(f"{path}:1: a column has an empty name")
+        if next(reader, None) is None:
+            raise InputDataError(f"{path}: the file has a header but no data rows")
+    return names
+
+
+def _kind_of(text: str) -> int:
+    try:
+        int(text)
+        return INT
+    except ValueError:
+        pass
+    try:
+        float(text)
+        return FLOAT
+    except ValueError:
+        return BYTES
+
+
+class ReadCsvRows(beam.DoFn):
+    """Yields (file, line, {column: text or None}); a row of the wrong width is an error or skipped."""
+
+    def __init__(self, header: Sequence[str], na_values: Sequence[str], skip_bad_rows: bool):
+        self._header = list(header)
+        self._na = set(na_values)
+        self._skip = skip_bad_rows
+        self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
+
+    def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
+        with open(path, newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle)
+            try:
+                next(reader)  # header, validated up front
+                for fields in reader:
+                    line = reader.line_num
+                    if not fields:
+                        continue  # a blank line
+                    if len(fields) != len(self._header):
+                        problem = f"{path}:{line}: expected {len(self._header)} fields, got {len(fields)}"
+                        if self._skip:
+                            self._bad.inc()
+                            continue
+                        raise InputDataError(problem, hint="fix the row, or set skip_bad_rows=true")
+                    yield path, line, {
+                        name: (None if value.strip() in self._na else value.strip())
+                        for name, value in zip(self._header, fields)
+                    }
+            except csv.Error as err:
+                raise InputDataError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
+            except UnicodeDecodeError as err:
+                raise InputDataError(f"{path}: not UTF-8 text ({err.reason})") from None
+
+
+class ColumnKinds(beam.CombineFn):
+    """The narrowest kind (int, float or bytes) that holds every non-missing value of each column."""
+
+    def __init__(self, header: Sequence[str]):
+        self._header = list(header)
+
+    def create_accumulator(self):
+        return [NONE] * len(self._header)
+
+    def add_input(self, acc, row):
+        _, _, values = row
+        for i, name in enumerate(self._header):
+            value = values[name]
+            if value is not None and acc[i] != BYTES:
+                acc[i] = max(acc[i], _kind_of(value))
+        return acc
+
+    def merge_accumulators(self, accs):
+        merged = self.create_accumulator()
+        for acc in accs:
+            merged = [max(a, b) for a, b in zip(merged, acc)]
+        return merged
+
+    def extract_output(self, acc):
+        return dict(zip(self._header, acc))
+
+
+def csv_row_to_example(row, kinds: dict) -> tuple[str, int, bytes]:
+    """A typed tf.Example; a missing value leaves its feature out, as TFX's CSV decoder does."""
+    import tensorflow as tf
+
+    path, line, values = row
+    example = tf.train.Example()
+    for name, text in values.items():
+        if text is None:
+            continue
+        feature = example.features.feature[name]
+        kind = kinds[name]
+        if kind == INT:
+            feature.int64_list.value.append(int(text))
+        elif kind == FLOAT:
+            feature.float_list.value.append(float(text))
+        else:
+            feature.bytes_list.value.append(text.encode("utf-8"))
+    return path, line, example.SerializeToString()
+
+
+class ReadTFRecordExamples(beam.DoFn):
+    """Yields (file, record index, serialized tf.Example) from plain or GZIP TFRecord files."""
+
+    def __init__(self, skip_bad_rows: bool):
+        self._skip = skip_bad_rows
+        self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
+
+    def process(self, path: str):
+        import tensorflow as tf
+
+        compression = "GZIP" if _is_gzip(path) else ""
+        index = 0
+        try:
+            for record in tf.data.TFRecordDataset(path, compression_type=compression).as_numpy_iterator():
+                index += 1
+                try:
+                    tf.train.Example.FromString(record)
+                except Exception:  # noqa: BLE001 - any decode failure is the same bad record
+                    if self._skip:
+                        self._bad.inc()
+                        continue
+                    raise InputDataError(
+                        f"{path}: record {index} is not a tf.Example",
+                        hint="fix the file, or set skip_bad_rows=true",
+                    ) from None
+                yield path, index, record
+        except tf.errors.DataLossError as err:
+            raise InputDataError(f"{path}: corrupted TFRecord after record {index} ({err.message})") from None
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(2) == b"\x1f\x8b"
+
+
+def has_any_record(path: str) -> bool:
+    opener = gzip.open if _is_gzip(path) else open
+    with opener(path, "rb") as handle:
+        return bool(handle.read(1))

@@ -1,0 +1,40 @@
+"""ExampleGen's spec: raw files in, Examples and Schema out."""
+from __future__ import annotations
+
+from components import artifacts
+from components.example_gen import executor
+from components.spec import ComponentSpec, Parameter
+
+
+def _check_splits(splits: dict) -> str | None:
+    if not splits:
+        return "needs at least one split"
+    for name, buckets in splits.items():
+        if not isinstance(name, str) or not artifacts.SPLIT_NAME_RE.match(name):
+            return f"split name {name!r} must match ^[A-Za-z0-9][A-Za-z0-9_-]*$"
+        if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
+            return f"split {name!r} needs a positive whole number of hash buckets, got {buckets!r}"
+    return None
+
+
+EXAMPLE_GEN = ComponentSpec(
+    name="ExampleGen",
+    inputs={},
+    outputs={"examples": artifacts.EXAMPLES, "schema": artifacts.SCHEMA},
+    parameters={
+        "input_path": Parameter(str, help="a CSV/TFRecord file, a directory of them, or a glob"),
+        "input_format": Parameter(str, "csv", choices=("csv", "tfrecord")),
+        "splits": Parameter(dict, {"train": 2, "eval": 1}, check=_check_splits,
+                            help="split name -> hash buckets; the default is train:eval 2:1"),
+        "partition_feature": Parameter((str, type(None)), None,
+                                       help="hash this feature instead of the whole example"),
+        "skip_bad_rows": Parameter(bool, False, help="skip and count malformed rows instead of failing"),
+        "na_values": Parameter(list, ["", "NA"], help="CSV cell values that mean missing"),
+        "required_columns": Parameter(list, [], help="columns that must exist, e.g. the label"),
+        "schema_path": Parameter((str, type(None)), None, help="a schema.pbtxt the data must match"),
+        "num_shards": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0",
+                                help="output shards per split; 0 lets the runner decide"),
+        "beam_pipeline_args": Parameter(list, [], help="passed to Beam unchanged (e.g. --runner=DataflowRunner)"),
+    },
+    executor=executor.run,
+)

@@ -1,0 +1,99 @@
+"""The component contract: a typed spec (inputs, outputs, parameters) plus an executor.
+
+Executors are plain functions `executor(inputs, outputs, params) -> properties` of artifact
+URIs and validated parameters. They import nothing from Airflow, so the local runner, the
+Airflow adapter or a user's own TFX pipeline can all drive them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from components.artifacts import ArtifactType
+from components.errors import SpecError
+
+_REQUIRED = object()
+
+Executor = Callable[[Mapping[str, str], Mapping[str, str], Mapping[str, Any]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One execution parameter: its type, default, allowed choices and an optional check."""
+
+    type: type | tuple[type, ...]
+    default: Any = _REQUIRED
+    choices: tuple = ()
+    check: Callable[[Any], str | None] | None = None
+    help: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """What a component consumes, produces and is configured with."""
+
+    name: str
+    inputs: Mapping[str, ArtifactType]
+    outputs: Mapping[str, ArtifactType]
+    parameters: Mapping[str, Parameter]
+    executor: Executor
+    optional_inputs: frozenset[str] = field(default_factory=frozenset)
+
+    def resolve_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill defaults and check every parameter; unknown names are refused."""
+        unknown = sorted(set(given) - set(self.parameters))
+        if unknown:
+            raise SpecError(
+                f"{self.name}: unknown parameter(s) {', '.join(unknown)}",
+                hint=f"known parameters: {', '.join(sorted(self.parameters))}",
+            )
+        resolved: dict[str, Any] = {}
+        for name, param in self.parameters.items():
+            if name in given:
+                value = given[name]
+            elif param.required:
+                raise SpecError(f"{self.name}: parameter {name!r} is required", hint=param.help or None)
+            else:
+                value = param.default
+            if value is not None and not isinstance(value, param.type):
+                expected = getattr(param.type, "__name__", str(param.type))
+                raise SpecError(
+                    f"{self.name}: parameter {name!r} must be {expected}, got {type(value).__name__} {value!r}"
+                )
+            if param.choices and value not in param.choices:
+                raise SpecError(
+                    f"{self.name}: parameter {name!r} is {value!r}; choose one of {', '.join(map(str, param.choices))}"
+                )
+            if param.check is not None and value is not None:
+                problem = param.check(value)
+                if problem:
+                    raise SpecError(f"{self.name}: parameter {name!r}: {problem}")
+            resolved[name] = value
+        return resolved
+
+    def run(
+        self, inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Validate the wiring and parameters, then call the executor."""
+        missing = sorted(set(self.inputs) - set(inputs) - self.optional_inputs)
+        if missing:
+            raise SpecError(f"{self.name}: missing input artifact(s) {', '.join(missing)}")
+        for name, uri in inputs.items():
+            if name not in self.inputs:
+                raise SpecError(f"{self.name}: unexpected input {name!r}")
+            if uri is not None and not os.path.isdir(uri):
+                raise SpecError(
+                    f"{self.name}: input {name!r} ({self.inputs[name].name}) does not exist at {uri}",
+                    hint="did the upstream component finish?",
+                )
+        if set(outputs) != set(self.outputs):
+            raise SpecError(
+                f"{self.name}: outputs must be exactly {sorted(self.outputs)}, got {sorted(outputs)}"
+            )
+        resolved = self.resolve_params(params)
+        return dict(self.executor(inputs, outputs, resolved) or {})

@@ -1,0 +1,58 @@
+"""FnArgs: the fields TFX's Trainer hands to `run_fn`, so TFX run_fn modules run unchanged."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+
+class DataAccessor(NamedTuple):
+    """TFX's DataAccessor: factories that read the Trainer's input examples."""
+
+    tf_dataset_factory: Callable
+    record_batch_factory: Callable
+    data_view_decode_fn: Callable | None
+
+
+def tfxio_data_accessor() -> DataAccessor:
+    """A DataAccessor backed by tfx_bsl's TFXIO, as TFX builds it for tf.Example records."""
+    from tfx_bsl.public import tfxio
+
+    def _tfxio(file_pattern, schema):
+        return tfxio.TFExampleRecord(file_pattern=file_pattern, schema=schema, telemetry_descriptors=["hpml"])
+
+    def tf_dataset_factory(file_pattern, dataset_options, schema=None):
+        return _tfxio(file_pattern, schema).TensorFlowDataset(dataset_options)
+
+    def record_batch_factory(file_pattern, dataset_options, schema=None):
+        return _tfxio(file_pattern, schema).RecordBatches(dataset_options)
+
+    return DataAccessor(tf_dataset_factory, record_batch_factory, None)
+
+
+@dataclass
+class FnArgs:
+    """TFX's FnArgs fields (tfx.components.trainer.fn_args_utils.FnArgs)."""
+
+    working_dir: str
+    train_files: list[str]
+    eval_files: list[str]
+    train_steps: int | None
+    eval_steps: int | None
+    schema_path: str | None
+    transform_graph_path: str | None
+    data_accessor: DataAccessor
+    serving_model_dir: str
+    eval_model_dir: str
+    model_run_dir: str
+    base_model: str | None = None
+    hyperparameters: dict[str, Any] | None = None
+    custom_config: dict[str, Any] = field(default_factory=dict)
+
+    # TFX's older names for the same two paths.
+    @property
+    def schema_file(self) -> str | None:
+        return self.schema_path
+
+    @property
+    def transform_output(self) -> str | None:
+        return self.transform_graph_path

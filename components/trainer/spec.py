@@ -1,0 +1,31 @@
+"""Trainer's spec: transformed examples, TransformGraph and Schema in; Model and ModelRun out."""
+from __future__ import annotations
+
+from components import artifacts
+from components.spec import ComponentSpec, Parameter
+from components.trainer import executor
+
+TRAINER = ComponentSpec(
+    name="Trainer",
+    inputs={
+        "examples": artifacts.EXAMPLES,
+        "transform_graph": artifacts.TRANSFORM_GRAPH,
+        "schema": artifacts.SCHEMA,
+        "input_pipeline": artifacts.INPUT_PIPELINE,
+        "base_model": artifacts.MODEL,
+    },
+    optional_inputs=frozenset({"transform_graph", "schema", "input_pipeline", "base_model"}),
+    outputs={"model": artifacts.MODEL, "model_run": artifacts.MODEL_RUN},
+    parameters={
+        "module": Parameter(str, help="dotted module or .py file holding run_fn"),
+        "run_fn": Parameter(str, "run_fn"),
+        "train_splits": Parameter(list, ["train"]),
+        "eval_splits": Parameter(list, ["eval"]),
+        "train_steps": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0",
+                                 help="steps per epoch; 0 means one pass over the data"),
+        "eval_steps": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0"),
+        "hyperparameters": Parameter(dict, {}),
+        "custom_config": Parameter(dict, {}),
+    },
+    executor=executor.run,
+)

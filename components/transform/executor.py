@@ -1,0 +1,94 @@
+"""Transform executor: analyze the train split with tf.Transform, transform every split.
+
+Writes the TransformGraph in TFX layout (transform_fn/, transformed_metadata/, metadata/),
+GZIP transformed examples per split, and the InputPipeline spec.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import apache_beam as beam
+
+from components import artifacts
+from components.beam_utils import make_pipeline, run_pipeline
+from components.errors import InputDataError, SpecError
+from components.example_gen.schema_inference import read_schema
+from components.transform import input_pipeline
+from components.user_module import load_function
+
+
+def _check_required_features(schema, required: list[str], where: str) -> None:
+    names = {f.name for f in schema.feature}
+    for name in required:
+        if name not in names:
+            raise InputDataError(
+                f"{where}: feature {name!r} is not in the schema",
+                hint=f"the schema has: {', '.join(sorted(names))}",
+            )
+
+
+def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
+    import tensorflow_transform as tft
+    import tensorflow_transform.beam as tft_beam
+    from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
+    from tfx_bsl.coders import example_coder
+    from tfx_bsl.public import tfxio
+
+    schema_file = artifacts.schema_path(inputs["schema"])
+    schema = read_schema(schema_file)
+    _check_required_features(schema, list(params["required_features"]), schema_file)
+    preprocessing_fn = load_function(params["module"], params["preprocessing_fn"])
+
+    splits = artifacts.list_splits(inputs["examples"])
+    for name in params["analyze_splits"]:
+        if name not in splits:
+            raise SpecError(f"Transform: analyze split {name!r} is not in the examples ({', '.join(splits)})")
+
+    def source(split: str):
+        pattern = artifacts.examples_file_pattern(inputs["examples"], split)
+        artifacts.require_files(pattern, f"Examples split {split}")
+        return tfxio.TFExampleRecord(file_pattern=pattern, schema=schema, telemetry_descriptors=["hpml"])
+
+    with artifacts.publish(outputs["transform_graph"]) as graph_dir, \
+            artifacts.publish(outputs["transformed_examples"]) as examples_dir, \
+            artifacts.publish(outputs["input_pipeline"]) as pipeline_dir:
+        metadata_io.write_metadata(
+            dataset_metadata.DatasetMetadata(schema), os.path.join(graph_dir, tft.TFTransformOutput.RAW_METADATA_DIR)
+        )
+        pipeline = make_pipeline(params["beam_pipeline_args"])
+        with tft_beam.Context(temp_dir=os.path.join(graph_dir, ".tft_tmp")):
+            analyze_sources = [source(s) for s in params["analyze_splits"]]
+            analyze_data = [
+                pipeline | f"Read[{s}]ForAnalysis" >> src.BeamSource()
+                for s, src in zip(params["analyze_splits"], analyze_sources)
+            ] | "FlattenAnalysis" >> beam.Flatten()
+            transform_fn = (
+                analyze_data,
+                analyze_sources[0].TensorAdapterConfig(),
+            ) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
+            _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph_dir)
+            for split in splits:
+                src = source(split)
+                transformed, _ = (
+                    (pipeline | f"Read[{split}]" >> src.BeamSource(), src.TensorAdapterConfig()),
+                    transform_fn,
+                ) | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True)
+                _ = (
+                    transformed
+                    | f"Encode[{split}]" >> beam.FlatMap(lambda batch: example_coder.RecordBatchToExamples(batch[0]))
+                    | f"Write[{split}]" >> beam.io.WriteToTFRecord(
+                        os.path.join(
+                            artifacts.split_dir(examples_dir, split), artifacts.TRANSFORMED_EXAMPLES_FILE_PREFIX
+                        ),
+                        file_name_suffix=artifacts.TFRECORD_GZ_SUFFIX,
+                    )
+                )
+            run_pipeline(pipeline)
+        import shutil
+
+        shutil.rmtree(os.path.join(graph_dir, ".tft_tmp"), ignore_errors=True)
+        transformed_schema = tft.TFTransformOutput(graph_dir).transformed_metadata.schema
+        spec = input_pipeline.plain_spec(transformed_schema, params["batch_size"])
+        input_pipeline.write_spec(spec, pipeline_dir)
+    return {"splits": splits, "transformed_features": sorted(f.name for f in transformed_schema.feature)}

@@ -1,0 +1,124 @@
+"""The penguin user module: `preprocessing_fn` for Transform and `run_fn` for Trainer.
+
+Written against TFX's contract only (FnArgs fields, tfxio dataset options), so a TFX
+pipeline can use it as its Transform and Trainer module_file.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf  # noqa: E402
+import tensorflow_transform as tft  # noqa: E402
+
+LABEL_KEY = "species"
+NUMERIC_FEATURES = ("bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g")
+CATEGORICAL_FEATURES = ("island", "sex")
+DEFAULT_HYPERPARAMETERS = {"epochs": 10, "batch_size": 32, "learning_rate": 0.01, "seed": 42}
+
+
+def _dense(x, default):
+    """A [batch] tensor; a missing value (absent feature) becomes `default`."""
+    if isinstance(x, tf.sparse.SparseTensor):
+        x = tf.sparse.to_dense(
+            tf.SparseTensor(x.indices, x.values, [x.dense_shape[0], 1]), default_value=default
+        )
+    return tf.reshape(x, [-1])
+
+
+def preprocessing_fn(inputs):
+    """z-score the measurements (missing -> the mean), vocabularies for island, sex and the label."""
+    outputs = {}
+    for name in NUMERIC_FEATURES:
+        value = tf.cast(inputs[name], tf.float32) if not isinstance(inputs[name], tf.sparse.SparseTensor) else \
+            tf.SparseTensor(inputs[name].indices, tf.cast(inputs[name].values, tf.float32), inputs[name].dense_shape)
+        outputs[name] = _dense(tft.scale_to_z_score(value), 0.0)
+    for name in CATEGORICAL_FEATURES:
+        outputs[name] = tft.compute_and_apply_vocabulary(
+            _dense(inputs[name], ""), num_oov_buckets=1, vocab_filename=name
+        )
+    outputs[LABEL_KEY] = tft.compute_and_apply_vocabulary(_dense(inputs[LABEL_KEY], ""), vocab_filename=LABEL_KEY)
+    return outputs
+
+
+def build_model(tf_transform_output, learning_rate: float):
+    """A small MLP over the z-scored measurements and one-hot categories."""
+    import tf_keras
+
+    inputs, encoded = {}, []
+    for name in NUMERIC_FEATURES:
+        inputs[name] = tf_keras.Input(shape=(), name=name, dtype=tf.float32)
+        encoded.append(tf_keras.layers.Reshape((1,))(inputs[name]))
+    for name in CATEGORICAL_FEATURES:
+        depth = tf_transform_output.vocabulary_size_by_name(name) + 1
+        inputs[name] = tf_keras.Input(shape=(), name=name, dtype=tf.int64)
+        encoded.append(tf_keras.layers.CategoryEncoding(depth, output_mode="one_hot")(inputs[name]))
+    x = tf_keras.layers.Concatenate()(encoded)
+    for units in (16, 8):
+        x = tf_keras.layers.Dense(units, activation="relu")(x)
+    classes = tf_transform_output.vocabulary_size_by_name(LABEL_KEY)
+    outputs = tf_keras.layers.Dense(classes, activation="softmax")(x)
+    model = tf_keras.Model(inputs, outputs)
+    model.compile(
+        optimizer=tf_keras.optimizers.Adam(learning_rate),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def _dataset(fn_args, files, tf_transform_output, batch_size, seed, shuffle):
+    from tfx_bsl.public import tfxio
+
+    options = tfxio.TensorFlowDatasetOptions(
+        batch_size=batch_size, label_key=LABEL_KEY, num_epochs=1, shuffle=shuffle, shuffle_seed=seed
+    )
+    return fn_args.data_accessor.tf_dataset_factory(files, options, tf_transform_output.transformed_metadata.schema)
+
+
+def run_fn(fn_args):
+    """Train the penguin classifier under the configured strategy and export it for serving."""
+    import tf_keras
+
+    from components.trainer.callbacks import EpochMetricsLogger
+    from components.trainer.export import export_serving_model
+    from components.trainer.strategies import make_strategy
+
+    hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
+    config = fn_args.custom_config or {}
+    tf_keras.utils.set_random_seed(hp["seed"])
+    tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
+
+    train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True)
+    evaluation = _dataset(fn_args, fn_args.eval_files, tf_transform_output, hp["batch_size"], hp["seed"], False)
+
+    strategy = make_strategy(config.get("strategy", "one_device"))
+    with strategy.scope():
+        model = build_model(tf_transform_output, hp["learning_rate"])
+    os.makedirs(fn_args.model_run_dir, exist_ok=True)
+    callbacks = [
+        tf_keras.callbacks.BackupAndRestore(
+            os.path.join(fn_args.working_dir, "backup"), save_freq=config.get("backup_save_freq", "epoch")
+        ),
+        tf_keras.callbacks.TensorBoard(fn_args.model_run_dir),
+        EpochMetricsLogger(fn_args.model_run_dir, hp["batch_size"], hp["epochs"]),
+    ]
+    model.fit(
+        train,
+        epochs=hp["epochs"],
+        steps_per_epoch=fn_args.train_steps,
+        validation_data=evaluation,
+        validation_steps=fn_args.eval_steps,
+        callbacks=callbacks,
+        verbose=0,
+    )
+    results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
+    with open(os.path.join(fn_args.model_run_dir, "eval_metrics.json"), "w", encoding="utf-8") as handle:
+        json.dump({k: float(v) for k, v in results.items()}, handle)
+    class_names = tf_transform_output.vocabulary_by_name(LABEL_KEY)
+    export_serving_model(
+        model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY,
+        class_names=[c.decode() if isinstance(c, bytes) else c for c in class_names],
+    )
