@@ -1,0 +1,85 @@
+"""The Airflow adapter: one DAG per pipeline definition, one task per component.
+
+`start_run` validates the trigger form's parameters before any work and opens the run
+record; each component task runs its node via the shared runner; artifact URIs travel
+between tasks as XCom; `finish_run` closes the record. Tasks never touch Airflow's DB.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from airflow.sdk import DAG, Asset, Param, task
+
+from pipelines import runner
+from pipelines.definition import Pipeline
+
+
+def airflow_params(schema: dict) -> dict[str, Param]:
+    """Airflow Params from the pipeline's JSON schema: the UI builds its trigger form from these."""
+    out = {}
+    for name, prop in schema["properties"].items():
+        extra = {k: v for k, v in prop.items() if k != "default"}
+        out[name] = Param(prop.get("default"), **extra)
+    return out
+
+
+def model_asset(pipeline: Pipeline) -> Asset:
+    return Asset(name=f"{pipeline.name}.model", uri=f"hpml://{pipeline.name}/Trainer/model")
+
+
+def _doc(pipeline: Pipeline) -> str:
+    rows = "\n".join(
+        f"| `{name}` | {prop.get('title', name)} | {prop.get('description', '')} | `{prop.get('default')}` |"
+        for name, prop in pipeline.params_schema["properties"].items()
+    )
+    steps = " → ".join(node.id for node in pipeline.nodes)
+    return (
+        f"# {pipeline.name}\n\n{pipeline.description}\n\n**Steps:** {steps}\n\n"
+        "Artifacts go to `<HPML_ARTIFACT_ROOT>/<pipeline>/<run_id>/<Component>/<output>/`; "
+        "the run is recorded in MLflow (`hpml runs`).\n\n"
+        f"| Parameter | Title | Meaning | Default |\n|---|---|---|---|\n{rows}\n"
+    )
+
+
+def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
+    asset = model_asset(pipeline)
+    with DAG(
+        dag_id=pipeline.name,
+        schedule=schedule,
+        start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+        params=airflow_params(pipeline.params_schema),
+        doc_md=_doc(pipeline),
+        tags=["hpml"],
+        max_active_runs=4,
+    ) as dag:
+
+        @task(task_id="start_run")
+        def start_run(params=None, dag_run=None):
+            context = runner.start(
+                pipeline, dict(params), run_id=dag_run.run_id,
+                tags={"airflow.dag_id": dag_run.dag_id, "airflow.run_id": dag_run.run_id},
+            )
+            return context.to_dict()
+
+        started = start_run()
+        results = {}
+        for node in pipeline.nodes:
+            produces_model = "model" in node.component.outputs
+
+            @task(task_id=node.id, outlets=[asset] if produces_model else [])
+            def run_node(context: dict, upstream: dict, node_id: str = node.id, outlet_events=None):
+                result = runner.execute_node(pipeline, node_id, runner.RunContext(**context), upstream)
+                if outlet_events is not None and "model" in result.outputs:
+                    outlet_events[asset].extra = {"uri": result.outputs["model"], "run_id": context["run_id"]}
+                return result.outputs
+
+            results[node.id] = run_node(started, {src: results[src] for src in node.upstream})
+
+        @task(task_id="finish_run")
+        def finish_run(context: dict, _outputs: list):
+            runner.finish(runner.RunContext(**context))
+            return context["mlflow_run_id"]
+
+        finish_run(started, list(results.values()))
+    return dag

@@ -1,0 +1,159 @@
+"""The `hpml` command line: run pipelines, list and compare run records."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from components.errors import HpmlError  # noqa: E402
+
+
+def _setup_logging(debug: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
+                        format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("absl", "tensorflow", "apache_beam", "alembic", "mlflow", "urllib3", "h5py"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _params(pipeline, pairs: list[str]) -> dict:
+    from pipelines.params import parse_cli_value
+
+    values = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep:
+            raise HpmlError(f"--param {pair!r} is not NAME=VALUE", hint="e.g. --param epochs=5")
+        values[name] = parse_cli_value(pipeline.params_schema, name, text)
+    return values
+
+
+def cmd_run(args) -> int:
+    from pipelines import records, registry
+    from pipelines.params import validate
+    from pipelines.summary import print_summary
+
+    pipeline = registry.get(args.pipeline)
+    values = validate(pipeline.params_schema, _params(pipeline, args.param))
+    if args.engine == "local":
+        from pipelines import runner
+
+        context = runner.run_local(pipeline, values)
+        mlflow_run_id = context.mlflow_run_id
+    else:
+        from pipelines import airflow_local
+
+        airflow_local.migrate()
+        dag_run = airflow_local.test_run(pipeline.name, values)
+        state = str(getattr(dag_run, "state", "")).lower()
+        mlflow_run_id = records.find("airflow.run_id", dag_run.run_id, pipeline.name)
+        if not state.endswith("success"):
+            raise HpmlError(f"Airflow DAG run {dag_run.run_id} ended in state {state}",
+                            hint="the task log above names the failing component")
+        if mlflow_run_id is None:
+            raise HpmlError(f"no run record found for Airflow run {dag_run.run_id}")
+    print_summary(records.load(mlflow_run_id))
+    return 0
+
+
+def cmd_runs(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipelines import records
+
+    console = Console()
+    if args.action == "compare":
+        if len(args.runs) != 2:
+            raise HpmlError("runs compare takes two run ids", hint="hpml runs compare RUN_A RUN_B")
+        a, b = (records.load(_resolve(r)) for r in args.runs)
+        table = Table(title="run comparison")
+        table.add_column("")
+        table.add_column(a.run_name)
+        table.add_column(b.run_name)
+        for key in sorted(set(a.params) | set(b.params)):
+            va, vb = a.params.get(key, "-"), b.params.get(key, "-")
+            table.add_row(f"param {key}", va, vb, style=None if va == vb else "bold")
+        for key in sorted(set(a.eval_metrics) | set(b.eval_metrics)):
+            table.add_row(f"eval {key}", _fmt(a.eval_metrics.get(key)), _fmt(b.eval_metrics.get(key)))
+        for key in sorted(set(a.durations) | set(b.durations)):
+            table.add_row(f"{key} seconds", _fmt(a.durations.get(key)), _fmt(b.durations.get(key)))
+        console.print(table)
+        return 0
+    runs = records.recent(args.pipeline, args.limit)
+    table = Table(title="recent runs")
+    for column in ("run id", "name", "status", "started", "eval accuracy", "strategy", "epochs"):
+        table.add_column(column)
+    import datetime
+
+    for run in runs:
+        started = datetime.datetime.fromtimestamp(run.info.start_time / 1000, datetime.timezone.utc)
+        table.add_row(
+            run.info.run_id, run.info.run_name, run.info.status, f"{started:%Y-%m-%d %H:%M:%S}",
+            _fmt(run.data.metrics.get("eval_accuracy")), run.data.params.get("strategy", "-"),
+            run.data.params.get("epochs", "-"),
+        )
+    console.print(table)
+    return 0
+
+
+def _resolve(run: str) -> str:
+    from pipelines import records
+
+    try:
+        records.client().get_run(run)
+        return run
+    except Exception:  # noqa: BLE001 - not an MLflow id: try it as an hpml/Airflow run name
+        pass
+    for run_info in records.recent(None, 1000):
+        if run_info.info.run_name == run:
+            return run_info.info.run_id
+    raise HpmlError(f"no run {run!r} in the run records", hint="hpml runs lists recent runs")
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpml", description="High-performance ML pipelines on Airflow.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a pipeline and print its summary")
+    run.add_argument("pipeline", help="pipeline name, e.g. penguin")
+    run.add_argument("--engine", choices=("airflow", "local"), default="local",
+                     help="airflow: a real DAG run (dag.test) on the project-local SQLite Airflow; "
+                          "local: run the components in this process")
+    run.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                     help="a pipeline parameter (repeatable), e.g. --param epochs=5")
+    run.set_defaults(func=cmd_run)
+
+    runs = sub.add_parser("runs", help="list recent runs, or compare two")
+    runs.add_argument("action", nargs="?", choices=("list", "compare"), default="list")
+    runs.add_argument("runs", nargs="*", help="with compare: two run ids or names")
+    runs.add_argument("--pipeline", default=None)
+    runs.add_argument("--limit", type=int, default=20)
+    runs.set_defaults(func=cmd_runs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.debug)
+    try:
+        return args.func(args)
+    except HpmlError as err:
+        if args.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Pipeline parameters: one JSON schema per pipeline drives validation everywhere, the CLI,
+the local runner and the Airflow trigger form alike."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jsonschema
+
+from components.errors import SpecError
+from components.trainer.strategies import STRATEGIES
+from pipelines.paths import confine
+
+
+def training_params_schema(default_data_path: str) -> dict:
+    """JSON schema (draft 7) for the parameters every training pipeline takes."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "data_path": {
+                "type": "string", "minLength": 1, "default": default_data_path,
+                "title": "Data path",
+                "description": "CSV file, directory or glob to ingest. Must lie under HPML_DATA_ROOTS.",
+            },
+            "epochs": {
+                "type": "integer", "minimum": 1, "maximum": 1000, "default": 10,
+                "title": "Epochs", "description": "Full passes over the train split.",
+            },
+            "batch_size": {
+                "type": "integer", "minimum": 1, "maximum": 65536, "default": 32,
+                "title": "Batch size", "description": "Global batch size, summed over replicas.",
+            },
+            "learning_rate": {
+                "type": "number", "exclusiveMinimum": 0, "maximum": 10, "default": 0.01,
+                "title": "Learning rate", "description": "Adam learning rate.",
+            },
+            "strategy": {
+                "type": "string", "enum": list(STRATEGIES), "default": "auto",
+                "title": "Distribution strategy",
+                "description": "tf.distribute strategy, or gpipe; auto picks one from the devices and cluster.",
+            },
+            "skip_bad_rows": {
+                "type": "boolean", "default": False,
+                "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing.",
+            },
+        },
+    }
+
+
+def defaults(schema: Mapping) -> dict[str, Any]:
+    return {name: prop["default"] for name, prop in schema["properties"].items() if "default" in prop}
+
+
+def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults filled in, every value checked against the schema, data paths confined."""
+    merged = {**defaults(schema), **dict(values)}
+    validator = jsonschema.Draft7Validator(schema)
+    errors = sorted(validator.iter_errors(merged), key=lambda e: list(e.path))
+    if errors:
+        err = errors[0]
+        field = ".".join(map(str, err.path)) or "(parameters)"
+        raise SpecError(f"parameter {field!r}: {err.message}", hint=_hint(schema, err))
+    if "data_path" in merged:
+        merged["data_path"] = confine(merged["data_path"], "data_path")
+    return merged
+
+
+def _hint(schema: Mapping, err) -> str | None:
+    if err.validator == "additionalProperties":
+        return f"known parameters: {', '.join(sorted(schema['properties']))}"
+    field = err.path[0] if err.path else None
+    prop = schema["properties"].get(field, {}) if field else {}
+    return prop.get("description")
+
+
+def parse_cli_value(schema: Mapping, name: str, text: str) -> Any:
+    """A `name=value` from the command line, converted to the type the schema wants."""
+    prop = schema["properties"].get(name)
+    if prop is None:
+        raise SpecError(f"unknown parameter {name!r}", hint=f"known parameters: {', '.join(sorted(schema['properties']))}")
+    kind = prop.get("type")
+    try:
+        if kind == "integer":
+            return int(text)
+        if kind == "number":
+            return float(text)
+        if kind == "boolean":
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "yes")
+    except ValueError:
+        raise SpecError(f"parameter {name!r}: {text!r} is not a valid {kind}") from None
+    return text

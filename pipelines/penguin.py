@@ -1,0 +1,54 @@
+"""The penguin pipeline: palmerpenguins CSV -> ExampleGen -> Transform -> Trainer."""
+from __future__ import annotations
+
+from components.example_gen import EXAMPLE_GEN
+from components.trainer import TRAINER
+from components.transform import TRANSFORM
+from pipelines import penguin_module
+from pipelines.definition import Node, Pipeline
+from pipelines.params import training_params_schema
+from pipelines.paths import penguins_csv
+
+MODULE = "pipelines.penguin_module"
+
+PIPELINE = Pipeline(
+    name="penguin",
+    description="Classify palmerpenguins species from bill, flipper, mass, island and sex.",
+    params_schema=training_params_schema(penguins_csv()),
+    nodes=(
+        Node(
+            "ExampleGen", EXAMPLE_GEN,
+            params=lambda p: {
+                "input_path": p["data_path"],
+                "required_columns": [penguin_module.LABEL_KEY],
+                "skip_bad_rows": p["skip_bad_rows"],
+            },
+        ),
+        Node(
+            "Transform", TRANSFORM,
+            inputs={"examples": ("ExampleGen", "examples"), "schema": ("ExampleGen", "schema")},
+            params=lambda p: {
+                "module": MODULE,
+                "required_features": [penguin_module.LABEL_KEY, *penguin_module.NUMERIC_FEATURES,
+                                      *penguin_module.CATEGORICAL_FEATURES],
+                "batch_size": p["batch_size"],
+            },
+        ),
+        Node(
+            "Trainer", TRAINER,
+            inputs={
+                "examples": ("Transform", "transformed_examples"),
+                "transform_graph": ("Transform", "transform_graph"),
+                "schema": ("ExampleGen", "schema"),
+                "input_pipeline": ("Transform", "input_pipeline"),
+            },
+            params=lambda p: {
+                "module": MODULE,
+                "hyperparameters": {
+                    "epochs": p["epochs"], "batch_size": p["batch_size"], "learning_rate": p["learning_rate"],
+                },
+                "custom_config": {"strategy": p["strategy"]},
+            },
+        ),
+    ),
+)

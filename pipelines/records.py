@@ -1,0 +1,162 @@
+"""Run records: every pipeline run is one MLflow run holding its parameters, per-epoch and
+final metrics, component durations, artifact URIs and its Airflow dag_id/run_id tags.
+
+The store is SQLite under HPML_HOME unless MLFLOW_TRACKING_URI says otherwise.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pipelines.paths import hpml_home
+
+ARTIFACT_TAG = "artifact."
+DURATION_METRIC = "duration_s."
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    home = hpml_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def client():
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri())
+
+
+def _experiment_id(mlflow_client, name: str) -> str:
+    experiment = mlflow_client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = (hpml_home() / "mlartifacts" / name).as_uri()
+    try:
+        return mlflow_client.create_experiment(name, artifact_location=location)
+    except Exception:  # noqa: BLE001 - a concurrent run created it first
+        return mlflow_client.get_experiment_by_name(name).experiment_id
+
+
+def start(pipeline_name: str, run_id: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+    """Create the MLflow run for one pipeline run and log its parameters; returns its id."""
+    from mlflow.entities import Param, RunTag
+
+    mlflow_client = client()
+    run = mlflow_client.create_run(
+        _experiment_id(mlflow_client, pipeline_name),
+        run_name=run_id,
+        tags={"hpml.pipeline": pipeline_name, "hpml.run_id": run_id, **tags},
+    )
+    mlflow_client.log_batch(
+        run.info.run_id,
+        params=[Param(k, str(v)) for k, v in sorted(params.items())],
+        tags=[RunTag(k, str(v)) for k, v in tags.items()],
+    )
+    return run.info.run_id
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], properties: Mapping[str, Any],
+             seconds: float) -> None:
+    """One component's outcome: duration, output URIs, and whatever metrics it reported."""
+    from mlflow.entities import Metric, RunTag
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(f"{DURATION_METRIC}{node_id}", seconds, now, 0)]
+    for split, count in (properties.get("split_counts") or {}).items():
+        metrics.append(Metric(f"examples.{split}", count, now, 0))
+    if "bad_rows" in properties:
+        metrics.append(Metric("bad_rows", properties["bad_rows"], now, 0))
+    for row in properties.get("history") or []:
+        step = int(row["epoch"])
+        metrics += [Metric(k, float(v), now, step) for k, v in row.items() if k != "epoch" and _finite(v)]
+    for key, value in (properties.get("eval_metrics") or {}).items():
+        if _finite(value):
+            metrics.append(Metric(f"eval_{key}", float(value), now, 0))
+    tags = [RunTag(f"{ARTIFACT_TAG}{node_id}.{name}", uri) for name, uri in outputs.items()]
+    mlflow_client = client()
+    mlflow_client.log_batch(mlflow_run_id, metrics=metrics, tags=tags)
+    for name, uri in outputs.items():
+        for small in ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "input_pipeline.json"):
+            path = os.path.join(uri, small)
+            if os.path.isfile(path):
+                mlflow_client.log_artifact(mlflow_run_id, path, artifact_path=f"{node_id}/{name}")
+
+
+def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException) -> None:
+    mlflow_client = client()
+    mlflow_client.set_tag(mlflow_run_id, "hpml.failed_node", node_id)
+    mlflow_client.set_tag(mlflow_run_id, "hpml.error", f"{type(error).__name__}: {error}"[:5000])
+    mlflow_client.set_terminated(mlflow_run_id, status="FAILED")
+
+
+def finish(mlflow_run_id: str) -> None:
+    client().set_terminated(mlflow_run_id, status="FINISHED")
+
+
+@dataclass
+class RunSummary:
+    """What a finished run recorded, read back from the store."""
+
+    mlflow_run_id: str
+    run_name: str
+    status: str
+    params: dict[str, str]
+    durations: dict[str, float]
+    outputs: dict[str, dict[str, str]] = field(default_factory=dict)
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    start_time: int = 0
+
+
+def load(mlflow_run_id: str) -> RunSummary:
+    run = client().get_run(mlflow_run_id)
+    metrics, tags = run.data.metrics, run.data.tags
+    outputs: dict[str, dict[str, str]] = {}
+    for key, uri in tags.items():
+        if key.startswith(ARTIFACT_TAG):
+            node, _, name = key[len(ARTIFACT_TAG):].partition(".")
+            outputs.setdefault(node, {})[name] = uri
+    return RunSummary(
+        mlflow_run_id=mlflow_run_id,
+        run_name=run.info.run_name,
+        status=run.info.status,
+        params=dict(run.data.params),
+        durations={k[len(DURATION_METRIC):]: v for k, v in metrics.items() if k.startswith(DURATION_METRIC)},
+        outputs=outputs,
+        eval_metrics={k[len("eval_"):]: v for k, v in metrics.items() if k.startswith("eval_")},
+        tags=dict(tags),
+        start_time=run.info.start_time,
+    )
+
+
+def find(tag: str, value: str, pipeline_name: str) -> str | None:
+    mlflow_client = client()
+    experiment = mlflow_client.get_experiment_by_name(pipeline_name)
+    if experiment is None:
+        return None
+    escaped = value.replace("'", "\\'")
+    runs = mlflow_client.search_runs([experiment.experiment_id], f"tags.`{tag}` = '{escaped}'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def history(mlflow_run_id: str, metric: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client().get_metric_history(mlflow_run_id, metric))
+
+
+def recent(pipeline_name: str | None = None, limit: int = 20):
+    mlflow_client = client()
+    experiments = mlflow_client.search_experiments()
+    ids = [e.experiment_id for e in experiments if pipeline_name in (None, e.name) and e.name != "Default"]
+    if not ids:
+        return []
+    return mlflow_client.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=limit)

@@ -1,0 +1,15 @@
+"""Known pipelines by name, loaded lazily so the CLI starts fast."""
+from __future__ import annotations
+
+import importlib
+
+from components.errors import SpecError
+from pipelines.definition import Pipeline
+
+PIPELINES = {"penguin": "pipelines.penguin"}
+
+
+def get(name: str) -> Pipeline:
+    if name not in PIPELINES:
+        raise SpecError(f"unknown pipeline {name!r}", hint=f"known pipelines: {', '.join(sorted(PIPELINES))}")
+    return importlib.import_module(PIPELINES[name]).PIPELINE

@@ -1,0 +1,102 @@
+"""Run a pipeline definition: node by node, with run-scoped artifact directories and a run record.
+
+The local runner (`hpml run`) and the Airflow adapter both call `start`, `execute_node`
+and `finish`, so the two engines execute exactly the same definition.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from pipelines import params as params_mod
+from pipelines import records
+from pipelines.definition import Pipeline
+from pipelines.paths import artifact_root
+
+log = logging.getLogger("hpml.runner")
+
+
+@dataclass
+class RunContext:
+    """What every node of one run shares; travels between Airflow tasks as XCom."""
+
+    pipeline: str
+    run_id: str
+    run_dir: str
+    params: dict[str, Any]
+    mlflow_run_id: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class NodeResult:
+    node_id: str
+    outputs: dict[str, str]
+    properties: dict[str, Any]
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def safe_run_id(run_id: str) -> str:
+    """A directory name for a run id (Airflow's contain ':' and '+')."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+
+
+def new_run_id() -> str:
+    return f"local__{datetime.now(timezone.utc):%Y%m%dT%H%M%S}_{uuid.uuid4().hex[:6]}"
+
+
+def start(pipeline: Pipeline, values: Mapping[str, Any], run_id: str | None = None,
+          tags: Mapping[str, str] | None = None) -> RunContext:
+    """Validate parameters (before any work), pick the run directory and open the run record."""
+    validated = params_mod.validate(pipeline.params_schema, values)
+    run_id = run_id or new_run_id()
+    run_dir = os.path.join(artifact_root(), pipeline.name, safe_run_id(run_id))
+    mlflow_run_id = records.start(pipeline.name, run_id, validated, {"hpml.run_dir": run_dir, **(tags or {})})
+    log.info("run %s of %s: artifacts under %s, record %s", run_id, pipeline.name, run_dir, mlflow_run_id)
+    return RunContext(pipeline.name, run_id, run_dir, validated, mlflow_run_id)
+
+
+def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
+                 upstream: Mapping[str, Mapping[str, str]]) -> NodeResult:
+    """Run one component into `<run_dir>/<node>/<output>/` and record the outcome."""
+    node = pipeline.node(node_id)
+    inputs = {name: upstream[src][output] for name, (src, output) in node.inputs.items()}
+    outputs = {name: os.path.join(context.run_dir, node.id, name) for name in node.component.outputs}
+    log.info("%s: starting", node.id)
+    started = time.perf_counter()
+    try:
+        properties = node.component.run(inputs, outputs, node.params(context.params))
+    except BaseException as err:
+        records.mark_failed(context.mlflow_run_id, node.id, err)
+        raise
+    seconds = time.perf_counter() - started
+    records.log_node(context.mlflow_run_id, node.id, outputs, properties, seconds)
+    for name, uri in outputs.items():
+        log.info("%s: %s -> %s", node.id, name, uri)
+    log.info("%s: done in %.1fs", node.id, seconds)
+    return NodeResult(node.id, outputs, properties, seconds)
+
+
+def finish(context: RunContext) -> None:
+    records.finish(context.mlflow_run_id)
+
+
+def run_local(pipeline: Pipeline, values: Mapping[str, Any], run_id: str | None = None) -> RunContext:
+    """Run every node in this process, in definition order."""
+    context = start(pipeline, values, run_id)
+    results: dict[str, dict[str, str]] = {}
+    for node in pipeline.nodes:
+        results[node.id] = execute_node(pipeline, node.id, context, results).outputs
+    finish(context)
+    return context

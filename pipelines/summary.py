@@ -1,0 +1,35 @@
+"""Render a run record as a table for the terminal."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from pipelines import records
+
+
+def print_summary(summary: records.RunSummary, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"run {summary.run_name} [{summary.status}]", show_lines=False)
+    table.add_column("component")
+    table.add_column("seconds", justify="right")
+    table.add_column("outputs")
+    for node, seconds in sorted(summary.durations.items(), key=lambda kv: _order(summary, kv[0])):
+        outs = summary.outputs.get(node, {})
+        table.add_row(node, f"{seconds:.1f}", "\n".join(_relative(summary, v) for _, v in sorted(outs.items())))
+    console.print(table)
+    console.print(f"artifacts: {summary.tags.get('hpml.run_dir', '?')}", soft_wrap=True)
+    if summary.eval_metrics:
+        console.print("eval: " + "  ".join(f"{k}={v:.4f}" for k, v in sorted(summary.eval_metrics.items())))
+    console.print(f"run record: MLflow run {summary.mlflow_run_id} at {records.tracking_uri()}", soft_wrap=True)
+
+
+def _relative(summary: records.RunSummary, uri: str) -> str:
+    import os
+
+    run_dir = summary.tags.get("hpml.run_dir")
+    return os.path.relpath(uri, run_dir) if run_dir and uri.startswith(run_dir) else uri
+
+
+def _order(summary: records.RunSummary, node: str) -> tuple:
+    known = ["ExampleGen", "Transform", "Trainer"]
+    return (known.index(node) if node in known else len(known), node)
