@@ -1,0 +1,31 @@
+# Set-up is automatic: `make run` and `make test` create the environment when it is missing.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+export UV_PYTHON_DOWNLOADS := never
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: env run test bench clean
+
+# uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
+$(UV):
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "hpml needs Python 3.11, found " + sys.version' 
+	@( $(PYTHON) -m venv $(TOOLS) && $(TOOLS)/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION) ) \
+	  || ( rm -rf $(TOOLS) && $(PYTHON) -m pip install -q --disable-pip-version-check --target $(TOOLS)/lib uv==$(UV_VERSION) \
+	       && mkdir -p $(TOOLS)/bin && ln -sf ../lib/bin/uv $(UV) ) \
+	  || { echo "error: could not install uv; on Debian run: apt-get install python3-venv" >&2; exit 1; }
+
+# Installs exactly what uv.lock pins (the dev group with pytest included).
+env: $(UV)
+	@$(UV) sync --frozen --python $(PYTHON) --quiet
+
+run: env
+	$(VENV)/bin/hpml run penguin --engine airflow
+
+test: env
+	$(VENV)/bin/python -m pytest
+
+clean:
+	rm -rf .hpml $(VENV) $(TOOLS)

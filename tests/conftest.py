@@ -1,0 +1,62 @@
+"""Shared fixtures. Every test uses real parts: Beam DirectRunner, TF, SQLite MLflow and Airflow.
+
+State (artifacts, MLflow store, Airflow DB) lives in a per-session temporary HPML_HOME, set
+before anything imports airflow or mlflow.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+_SESSION_HOME = tempfile.mkdtemp(prefix="hpml-test-")
+os.environ["HPML_HOME"] = _SESSION_HOME
+os.environ["AIRFLOW_HOME"] = os.path.join(_SESSION_HOME, "airflow")
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.pop("HPML_ARTIFACT_ROOT", None)
+os.environ["HPML_DATA_ROOTS"] = tempfile.gettempdir()
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+TINY_EPOCHS = 3
+
+
+@pytest.fixture(scope="session")
+def penguin_csv() -> str:
+    from pipelines.paths import penguins_csv
+
+    return penguins_csv()
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """A migrated SQLite Airflow metadata DB for this session."""
+    from pipelines import airflow_local
+
+    airflow_local.migrate()
+    return os.environ["AIRFLOW_HOME"]
+
+
+@pytest.fixture(scope="session")
+def penguin_dag_run(airflow_db):
+    """One real Airflow DAG run of the penguin pipeline, shared by the tests that inspect it."""
+    from pipelines import airflow_local, records
+
+    conf = {"epochs": TINY_EPOCHS, "batch_size": 16, "strategy": "one_device", "learning_rate": 0.02}
+    dag_run = airflow_local.test_run("penguin", conf)
+    mlflow_run_id = records.find("airflow.run_id", dag_run.run_id, "penguin")
+    return {"dag_run": dag_run, "conf": conf, "mlflow_run_id": mlflow_run_id,
+            "summary": records.load(mlflow_run_id) if mlflow_run_id else None}
+
+
+@pytest.fixture(scope="session")
+def penguin_outputs(penguin_dag_run):
+    """{node: {output: uri}} of the shared DAG run."""
+    return penguin_dag_run["summary"].outputs
+
+
+def write_csv(path, header: str, rows: list[str]) -> str:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(header + "\n" + "".join(r + "\n" for r in rows))
+    return str(path)

@@ -1,0 +1,60 @@
+"""The hpml command line, run as a user would: a local pipeline run, runs, compare, errors."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HPML = [sys.executable, "-m", "pipelines.cli"]
+
+
+def _hpml(*args, timeout=600):
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run([*HPML, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def local_run(penguin_dag_run):
+    """A local-runner run of the same pipeline with other values (after the DAG run)."""
+    done = _hpml("run", "penguin", "--param", "epochs=1", "--param", "batch_size=64")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_local_run_prints_a_summary(local_run):
+    out = local_run.stdout
+    for part in ("ExampleGen", "Transform", "Trainer", "Trainer/model", "eval: accuracy=", "run record: MLflow run"):
+        assert part in out, part
+    assert "artifacts: " in out and "/penguin/local__" in out
+
+
+def test_runs_lists_both_engines_runs(local_run, penguin_dag_run):
+    done = _hpml("runs", "--pipeline", "penguin")
+    assert done.returncode == 0, done.stderr
+    assert penguin_dag_run["mlflow_run_id"] in done.stdout
+    assert "local__" in done.stdout and "FINISHED" in done.stdout
+
+
+def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run):
+    from pipelines import records
+
+    local_id = records.recent("penguin", 1)[0].info.run_id
+    done = _hpml("runs", "compare", penguin_dag_run["mlflow_run_id"], local_id)
+    assert done.returncode == 0, done.stderr
+    epochs_row = next(line for line in done.stdout.splitlines() if "param epochs" in line)
+    assert [cell.strip() for cell in epochs_row.split("│")][2:4] == ["3", "1"]
+    assert "eval accuracy" in done.stdout
+
+
+@pytest.mark.parametrize("args, first_line", [
+    (("run", "penguin", "--param", "epochs=0"), "error: parameter 'epochs': 0 is less than the minimum of 1"),
+    (("run", "penguin", "--param", "epochs"), "error: --param 'epochs' is not NAME=VALUE"),
+    (("run", "walrus"), "error: unknown pipeline 'walrus'"),
+    (("runs", "compare", "nope", "nada"), "error: no run 'nope' in the run records"),
+])
+def test_errors_are_one_line_plus_hint_without_traceback(args, first_line):
+    done = _hpml(*args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[-2] == first_line and lines[-1].startswith("hint: ")
+    assert "Traceback" not in done.stderr

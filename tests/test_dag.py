@@ -1,0 +1,80 @@
+"""The Airflow DAG: imports cleanly, runs for real on SQLite, and leaves a full run record."""
+import json
+import os
+
+import pytest
+
+from tests.conftest import TINY_EPOCHS
+
+TASKS = ["start_run", "ExampleGen", "Transform", "Trainer", "finish_run"]
+
+
+def test_dagbag_imports_the_penguin_dag(airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.path.join(os.path.dirname(__file__), "..", "dags"))
+    assert bag.import_errors == {}
+    dag = bag.get_dag("penguin")
+    assert sorted(t.task_id for t in dag.tasks) == sorted(TASKS)
+    assert dag.task_dict["Transform"].upstream_task_ids == {"start_run", "ExampleGen"}
+    assert dag.task_dict["Trainer"].upstream_task_ids == {"start_run", "ExampleGen", "Transform"}
+    assert dag.catchup is False
+    assert dag.timetable.expression == "0 0 * * *"
+    outlets = dag.task_dict["Trainer"].outlets
+    assert [a.name for a in outlets] == ["penguin.model"]
+    form = dag.params.dump()
+    assert set(form) == {"data_path", "epochs", "batch_size", "learning_rate", "strategy", "skip_bad_rows"}
+    schema = dag.params.get_param("strategy").schema
+    assert "mirrored" in schema["enum"] and schema["title"]
+    assert "epochs" in dag.doc_md and "Distribution strategy" in dag.doc_md
+
+
+def test_full_dag_run_succeeds(penguin_dag_run):
+    assert str(penguin_dag_run["dag_run"].state).endswith("success")
+    assert penguin_dag_run["summary"].status == "FINISHED"
+
+
+def test_run_record_contents(penguin_dag_run):
+    from pipelines import records
+
+    summary = penguin_dag_run["summary"]
+    run_id = penguin_dag_run["dag_run"].run_id
+    conf = penguin_dag_run["conf"]
+    for key, value in conf.items():
+        assert summary.params[key] == str(value)
+    assert summary.tags["airflow.dag_id"] == "penguin" and summary.tags["airflow.run_id"] == run_id
+    assert set(summary.durations) == {"ExampleGen", "Transform", "Trainer"}
+    assert all(seconds > 0 for seconds in summary.durations.values())
+    from pipelines.paths import artifact_root
+    from pipelines.runner import safe_run_id
+
+    run_dir = str(artifact_root() / "penguin" / safe_run_id(run_id))
+    assert summary.tags["hpml.run_dir"] == run_dir
+    for node, outputs in summary.outputs.items():
+        for name, uri in outputs.items():
+            assert uri == os.path.join(run_dir, node, name) and os.path.isdir(uri)
+    assert summary.outputs["Trainer"]["model"].endswith("/Trainer/model")
+    for metric in ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_sec", "step_time_ms"):
+        steps = records.history(summary.mlflow_run_id, metric)
+        assert [s for s, _ in steps] == list(range(1, TINY_EPOCHS + 1)), metric
+    losses = [v for _, v in records.history(summary.mlflow_run_id, "loss")]
+    assert losses[-1] < losses[0], "training must make progress"
+    metrics_file = os.path.join(summary.outputs["Trainer"]["model_run"], "metrics.jsonl")
+    last = [json.loads(line) for line in open(metrics_file)][-1]
+    assert summary.eval_metrics["accuracy"] > 0.8
+    assert records.history(summary.mlflow_run_id, "loss")[-1][1] == pytest.approx(last["loss"])
+    artifacts = {a.path for a in records.client().list_artifacts(summary.mlflow_run_id, "Trainer/model_run")}
+    assert "Trainer/model_run/metrics.jsonl" in artifacts
+
+
+def test_invalid_trigger_values_are_refused_before_any_work(airflow_db):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from pipelines import airflow_local
+    from pipelines.paths import artifact_root
+
+    before = set(os.listdir(artifact_root() / "penguin")) if (artifact_root() / "penguin").exists() else set()
+    with pytest.raises(ParamValidationError, match="epochs"):
+        airflow_local.test_run("penguin", {"epochs": 0})
+    after = set(os.listdir(artifact_root() / "penguin")) if (artifact_root() / "penguin").exists() else set()
+    assert after == before, "no run directory may be created for refused parameters"

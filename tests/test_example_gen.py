@@ -1,0 +1,144 @@
+"""ExampleGen on the Beam DirectRunner: TFX layout, hash split, schema, bad input."""
+import glob
+import gzip
+import os
+
+import pytest
+import tensorflow as tf
+
+from components.errors import InputDataError
+from components.example_gen import EXAMPLE_GEN
+from components.example_gen.schema_inference import read_schema, write_schema
+from tests.conftest import write_csv
+
+HEADER = "species,island,bill_length_mm,year"
+
+
+def _rows(n):
+    islands = ["Biscoe", "Dream", "Torgersen"]
+    return [f"{['Adelie', 'Gentoo'][i % 2]},{islands[i % 3]},{30 + i * 0.5},{2007 + i % 3}" for i in range(n)]
+
+
+def _run(tmp_path, params, name="out"):
+    outputs = {"examples": str(tmp_path / name / "examples"), "schema": str(tmp_path / name / "schema")}
+    return EXAMPLE_GEN.run({}, outputs, params), outputs
+
+
+def _read(pattern):
+    return [tf.train.Example.FromString(r.numpy())
+            for f in sorted(glob.glob(pattern)) for r in tf.data.TFRecordDataset(f, compression_type="GZIP")]
+
+
+def test_tfx_layout_split_and_schema(tmp_path):
+    csv = write_csv(tmp_path / "data.csv", HEADER, _rows(300))
+    props, out = _run(tmp_path, {"input_path": csv})
+    assert sorted(os.listdir(out["examples"])) == ["Split-eval", "Split-train"]
+    for split in ("train", "eval"):
+        files = os.listdir(os.path.join(out["examples"], f"Split-{split}"))
+        assert files == ["data_tfrecord-00000-of-00001.gz"]
+        with open(os.path.join(out["examples"], f"Split-{split}", files[0]), "rb") as handle:
+            assert handle.read(2) == b"\x1f\x8b", "records must be GZIP-compressed"
+    counts = props["split_counts"]
+    assert counts["train"] + counts["eval"] == 300
+    assert 0.55 < counts["train"] / 300 < 0.78, f"2:1 hash split expected, got {counts}"
+    example = _read(os.path.join(out["examples"], "Split-train", "*.gz"))[0]
+    feats = example.features.feature
+    assert feats["year"].int64_list.value and feats["bill_length_mm"].float_list.value
+    assert feats["species"].bytes_list.value[0] in (b"Adelie", b"Gentoo")
+    schema = read_schema(os.path.join(out["schema"], "schema.pbtxt"))
+    kinds = {f.name: f.type for f in schema.feature}
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    assert kinds == {"species": schema_pb2.BYTES, "island": schema_pb2.BYTES,
+                     "bill_length_mm": schema_pb2.FLOAT, "year": schema_pb2.INT}
+
+
+def test_split_is_deterministic_and_configurable(tmp_path):
+    csv = write_csv(tmp_path / "data.csv", HEADER, _rows(120))
+    a, out_a = _run(tmp_path, {"input_path": csv}, "a")
+    b, out_b = _run(tmp_path, {"input_path": csv}, "b")
+    assert a["split_counts"] == b["split_counts"]
+    assert [e.SerializeToString() for e in _read(out_a["examples"] + "/Split-eval/*.gz")] == \
+        [e.SerializeToString() for e in _read(out_b["examples"] + "/Split-eval/*.gz")]
+    c, out_c = _run(tmp_path, {"input_path": csv, "splits": {"train": 8, "eval": 1, "test": 1}}, "c")
+    assert sorted(os.listdir(out_c["examples"])) == ["Split-eval", "Split-test", "Split-train"]
+    assert c["split_counts"]["train"] > 3 * c["split_counts"]["eval"]
+
+
+def test_missing_values_leave_the_feature_out_and_schema_marks_it_optional(tmp_path, penguin_csv):
+    props, out = _run(tmp_path, {"input_path": penguin_csv})
+    schema = {f.name: f for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature}
+    assert not schema["sex"].HasField("shape"), "sex has NA rows, so it must be a VarLen feature"
+    assert schema["year"].shape.dim[0].size == 1, "year is never missing, so it is fixed-length"
+    examples = _read(out["examples"] + "/Split-*/*.gz")
+    assert len(examples) == 344
+    assert sum("sex" not in e.features.feature for e in examples) == 11
+
+
+def test_malformed_row_names_file_and_line(tmp_path):
+    rows = _rows(10)
+    rows[4] = "Adelie,Dream,1.0,2007,EXTRA"
+    csv = write_csv(tmp_path / "bad.csv", HEADER, rows)
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": csv})
+    assert str(err.value) == f"{csv}:6: expected 4 fields, got 5"
+    assert os.listdir(tmp_path / "out") == [], "a failed run must leave no artifact and no temporary"
+
+
+def test_skip_bad_rows_counts_them(tmp_path):
+    rows = _rows(30)
+    rows[3] = "Adelie,Dream"
+    rows[7] = "Adelie,Dream,1,2,3,4"
+    csv = write_csv(tmp_path / "bad.csv", HEADER, rows)
+    props, _ = _run(tmp_path, {"input_path": csv, "skip_bad_rows": True})
+    assert props["bad_rows"] == 2
+    assert sum(props["split_counts"].values()) == 28
+
+
+def test_missing_label_column(tmp_path):
+    csv = write_csv(tmp_path / "nolabel.csv", "island,year", ["Dream,2007"] * 5)
+    with pytest.raises(InputDataError, match=r"nolabel.csv:1: required column 'species' is missing"):
+        _run(tmp_path, {"input_path": csv, "required_columns": ["species"]})
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "the file is empty"),
+    (HEADER + "\n", "has a header but no data rows"),
+])
+def test_empty_input(tmp_path, content, message):
+    path = tmp_path / "empty.csv"
+    path.write_text(content)
+    with pytest.raises(InputDataError, match=message):
+        _run(tmp_path, {"input_path": str(path)})
+
+
+def test_no_matching_files(tmp_path):
+    with pytest.raises(InputDataError, match="no input files match"):
+        _run(tmp_path, {"input_path": str(tmp_path / "nothing*.csv")})
+
+
+def test_wrong_schema_names_the_field(tmp_path):
+    csv = write_csv(tmp_path / "data.csv", HEADER, _rows(30))
+    _, good = _run(tmp_path, {"input_path": csv}, "good")
+    schema = read_schema(os.path.join(good["schema"], "schema.pbtxt"))
+    for feature in schema.feature:
+        if feature.name == "year":
+            feature.type = 1  # BYTES
+    wrong = str(tmp_path / "wrong.pbtxt")
+    write_schema(schema, wrong)
+    with pytest.raises(InputDataError, match="schema field 'year' is BYTES but the data holds INT"):
+        _run(tmp_path, {"input_path": csv, "schema_path": wrong}, "bad")
+
+
+def test_reads_existing_tfrecords_and_rejects_corrupt_ones(tmp_path):
+    csv = write_csv(tmp_path / "data.csv", HEADER, _rows(90))
+    _, first = _run(tmp_path, {"input_path": csv}, "first")
+    props, _ = _run(tmp_path, {"input_path": first["examples"] + "/Split-*/*.gz", "input_format": "tfrecord"},
+                    "again")
+    assert sum(props["split_counts"].values()) == 90
+    corrupt = tmp_path / "corrupt.tfrecord.gz"
+    data = gzip.open(glob.glob(first["examples"] + "/Split-train/*.gz")[0]).read()
+    with gzip.open(corrupt, "wb") as handle:
+        handle.write(data[: len(data) // 2] + b"\x00garbage")
+    with pytest.raises(InputDataError, match=r"corrupt.tfrecord.gz: corrupted TFRecord"):
+        _run(tmp_path, {"input_path": str(corrupt), "input_format": "tfrecord"}, "bad")

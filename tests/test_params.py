@@ -1,0 +1,70 @@
+"""Pipeline parameters: one JSON schema, readable errors, data paths confined to roots."""
+import pytest
+
+from components.errors import SpecError
+from components.example_gen import EXAMPLE_GEN
+from pipelines import params
+from pipelines.penguin import PIPELINE
+
+SCHEMA = PIPELINE.params_schema
+
+
+def test_defaults_fill_in_and_validate(penguin_csv):
+    values = params.validate(SCHEMA, {"epochs": 2})
+    assert values["epochs"] == 2 and values["batch_size"] == 32 and values["strategy"] == "auto"
+    assert values["data_path"] == penguin_csv
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"epochs": 0}, "'epochs': 0 is less than the minimum of 1"),
+        ({"epochs": "ten"}, "'epochs': 'ten' is not of type 'integer'"),
+        ({"strategy": "magic"}, "'strategy': 'magic' is not one of"),
+        ({"learning_rate": 0}, "'learning_rate': 0 is less than or equal to the minimum of 0"),
+        ({"batch_sise": 3}, "Additional properties are not allowed"),
+    ],
+)
+def test_invalid_values_name_the_field(bad, message):
+    with pytest.raises(SpecError) as err:
+        params.validate(SCHEMA, bad)
+    assert message in str(err.value)
+
+
+def test_data_path_outside_roots_is_refused(monkeypatch):
+    monkeypatch.setenv("HPML_DATA_ROOTS", "")
+    with pytest.raises(SpecError, match="outside the allowed data roots") as err:
+        params.validate(SCHEMA, {"data_path": "/etc/passwd"})
+    assert "HPML_DATA_ROOTS" in err.value.hint
+
+
+def test_symlink_escape_is_refused(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "link.csv").symlink_to("/etc/hostname")
+    monkeypatch.setenv("HPML_DATA_ROOTS", str(root))
+    with pytest.raises(SpecError, match="outside the allowed data roots"):
+        params.validate(SCHEMA, {"data_path": str(root / "link.csv")})
+
+
+def test_cli_values_are_typed():
+    assert params.parse_cli_value(SCHEMA, "epochs", "4") == 4
+    assert params.parse_cli_value(SCHEMA, "learning_rate", "0.5") == 0.5
+    assert params.parse_cli_value(SCHEMA, "skip_bad_rows", "true") is True
+    with pytest.raises(SpecError, match="'epochs': 'x' is not a valid integer"):
+        params.parse_cli_value(SCHEMA, "epochs", "x")
+    with pytest.raises(SpecError, match="unknown parameter 'nope'"):
+        params.parse_cli_value(SCHEMA, "nope", "1")
+
+
+def test_component_parameters_are_typed_and_checked():
+    with pytest.raises(SpecError, match="unknown parameter"):
+        EXAMPLE_GEN.resolve_params({"input_path": "x", "bogus": 1})
+    with pytest.raises(SpecError, match="'input_path' is required"):
+        EXAMPLE_GEN.resolve_params({})
+    with pytest.raises(SpecError, match="must be bool"):
+        EXAMPLE_GEN.resolve_params({"input_path": "x", "skip_bad_rows": "yes"})
+    with pytest.raises(SpecError, match="choose one of csv, tfrecord"):
+        EXAMPLE_GEN.resolve_params({"input_path": "x", "input_format": "parquet"})
+    with pytest.raises(SpecError, match="positive whole number of hash buckets"):
+        EXAMPLE_GEN.resolve_params({"input_path": "x", "splits": {"train": 0}})

@@ -1,0 +1,61 @@
+"""Transform: TFX TransformGraph layout, real full-pass statistics, the InputPipeline spec."""
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from components.errors import InputDataError, SpecError
+from components.transform import TRANSFORM
+from components.transform import input_pipeline
+
+
+def test_transform_graph_layout(penguin_outputs):
+    graph = penguin_outputs["Transform"]["transform_graph"]
+    assert os.path.isfile(os.path.join(graph, "transform_fn", "saved_model.pb"))
+    assert os.path.isfile(os.path.join(graph, "transformed_metadata", "schema.pbtxt"))
+    assert os.path.isfile(os.path.join(graph, "metadata", "schema.pbtxt"))
+    assert not glob.glob(os.path.join(graph, ".tft_tmp*")), "analyzer scratch space must be cleaned up"
+    out = tft.TFTransformOutput(graph)
+    assert [v.decode() for v in out.vocabulary_by_name("species")] == sorted(
+        ["Adelie", "Gentoo", "Chinstrap"], key=["Adelie", "Gentoo", "Chinstrap"].index)
+    assert "species" in out.raw_feature_spec()
+
+
+def test_transformed_examples_layout_and_statistics(penguin_outputs):
+    examples = penguin_outputs["Transform"]["transformed_examples"]
+    assert sorted(os.listdir(examples)) == ["Split-eval", "Split-train"]
+    files = glob.glob(os.path.join(examples, "Split-train", "transformed_examples-*.gz"))
+    assert len(files) == 1
+    spec = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"]).transformed_feature_spec()
+    rows = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    flipper = np.array([r["flipper_length_mm"].numpy() for r in rows])
+    # z-scored over the train split (one imputed missing value becomes exactly the mean, 0).
+    assert abs(flipper.mean()) < 0.02 and abs(flipper.std() - 1) < 0.02
+    labels = {int(r["species"].numpy()) for r in rows}
+    assert labels == {0, 1, 2}
+
+
+def test_input_pipeline_spec_reads_the_data_and_refuses_another_schema(penguin_outputs):
+    spec = input_pipeline.read_spec(penguin_outputs["Transform"]["input_pipeline"])
+    assert input_pipeline.InputPipelineSpec.from_json(spec.to_json()) == spec
+    out = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"])
+    pattern = os.path.join(penguin_outputs["Transform"]["transformed_examples"], "Split-eval", "*.gz")
+    dataset = input_pipeline.build_dataset(spec, [pattern], out.transformed_metadata.schema,
+                                           label_key="species", shuffle=False, batch_size=1000)
+    features, labels = next(iter(dataset))
+    assert labels.shape[0] > 50 and set(features) >= {"island", "body_mass_g"}
+    raw_schema = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"]).raw_metadata.schema
+    with pytest.raises(SpecError, match="made for a different schema"):
+        input_pipeline.build_dataset(spec, [pattern], raw_schema)
+
+
+def test_missing_feature_fails_before_any_beam_work(penguin_outputs, tmp_path):
+    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"],
+              "schema": penguin_outputs["ExampleGen"]["schema"]}
+    outputs = {k: str(tmp_path / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with pytest.raises(InputDataError, match=r"schema.pbtxt: feature 'beak_colour' is not in the schema"):
+        TRANSFORM.run(inputs, outputs, {"module": "pipelines.penguin_module", "required_features": ["beak_colour"]})
+    assert os.listdir(tmp_path) == []
