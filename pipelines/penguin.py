@@ -47,7 +47,7 @@ PIPELINE = Pipeline(
                 "hyperparameters": {
                     "epochs": p["epochs"], "batch_size": p["batch_size"], "learning_rate": p["learning_rate"],
                 },
-                "custom_config": {"strategy": p["strategy"]},
+                "strategy": p["strategy"],
             },
         ),
     ),

@@ -43,9 +43,11 @@ def preprocessing_fn(inputs):
     return outputs
 
 
-def build_model(tf_transform_output, learning_rate: float):
+def build_model(tf_transform_output, learning_rate: float, accumulation_steps: int = 1):
     """A small MLP over the z-scored measurements and one-hot categories."""
     import tf_keras
+
+    from components.trainer.grad_accum import GradientAccumulationModel
 
     inputs, encoded = {}, []
     for name in NUMERIC_FEATURES:
@@ -60,7 +62,10 @@ def build_model(tf_transform_output, learning_rate: float):
         x = tf_keras.layers.Dense(units, activation="relu")(x)
     classes = tf_transform_output.vocabulary_size_by_name(LABEL_KEY)
     outputs = tf_keras.layers.Dense(classes, activation="softmax")(x)
-    model = tf_keras.Model(inputs, outputs)
+    if accumulation_steps > 1:
+        model = GradientAccumulationModel(inputs, outputs, accumulation_steps=accumulation_steps)
+    else:
+        model = tf_keras.Model(inputs, outputs)
     model.compile(
         optimizer=tf_keras.optimizers.Adam(learning_rate),
         loss="sparse_categorical_crossentropy",
@@ -69,51 +74,63 @@ def build_model(tf_transform_output, learning_rate: float):
     return model
 
 
-def _dataset(fn_args, files, tf_transform_output, batch_size, seed, shuffle):
+def estimate_model_memory(hyperparameters):
+    """The Trainer's strategy planner asks for this: about 300 parameters, tiny activations."""
+    from components.trainer.plan import ModelMemory
+
+    batch = int(hyperparameters.get("batch_size", DEFAULT_HYPERPARAMETERS["batch_size"]))
+    return ModelMemory(params=16 * 12 + 16 + 8 * 16 + 8 + 3 * 8 + 3, activation_bytes=batch * 48 * 4)
+
+
+def _dataset(fn_args, files, tf_transform_output, batch_size, seed, shuffle, num_epochs=1):
     from tfx_bsl.public import tfxio
 
     options = tfxio.TensorFlowDatasetOptions(
-        batch_size=batch_size, label_key=LABEL_KEY, num_epochs=1, shuffle=shuffle, shuffle_seed=seed
+        batch_size=batch_size, label_key=LABEL_KEY, num_epochs=num_epochs, shuffle=shuffle, shuffle_seed=seed
     )
-    return fn_args.data_accessor.tf_dataset_factory(files, options, tf_transform_output.transformed_metadata.schema)
+    dataset = fn_args.data_accessor.tf_dataset_factory(files, options, tf_transform_output.transformed_metadata.schema)
+    # Shard by element across workers: a small data set may have fewer files than workers.
+    sharding = tf.data.Options()
+    sharding.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(sharding)
 
 
 def run_fn(fn_args):
-    """Train the penguin classifier under the configured strategy and export it for serving."""
+    """Train the penguin classifier under the planned strategy and export it for serving."""
     import tf_keras
 
-    from components.trainer.callbacks import EpochMetricsLogger
+    from components.trainer.callbacks import standard_callbacks
     from components.trainer.export import export_serving_model
     from components.trainer.strategies import make_strategy
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
+    strategy_name = config.get("strategy", "one_device")
+    strategy = make_strategy(strategy_name)  # first: cluster strategies must precede other TF ops
     tf_keras.utils.set_random_seed(hp["seed"])
     tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
+    accumulation = int(hp.get("gradient_accumulation_steps", 1))
 
-    train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True)
     evaluation = _dataset(fn_args, fn_args.eval_files, tf_transform_output, hp["batch_size"], hp["seed"], False)
-
-    strategy = make_strategy(config.get("strategy", "one_device"))
     with strategy.scope():
-        model = build_model(tf_transform_output, hp["learning_rate"])
+        model = build_model(tf_transform_output, hp["learning_rate"], accumulation)
     os.makedirs(fn_args.model_run_dir, exist_ok=True)
-    callbacks = [
-        tf_keras.callbacks.BackupAndRestore(
-            os.path.join(fn_args.working_dir, "backup"), save_freq=config.get("backup_save_freq", "epoch")
-        ),
-        tf_keras.callbacks.TensorBoard(fn_args.model_run_dir),
-        EpochMetricsLogger(fn_args.model_run_dir, hp["batch_size"], hp["epochs"]),
-    ]
-    model.fit(
-        train,
-        epochs=hp["epochs"],
-        steps_per_epoch=fn_args.train_steps,
-        validation_data=evaluation,
-        validation_steps=fn_args.eval_steps,
-        callbacks=callbacks,
-        verbose=0,
-    )
+    callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
+                                   config.get("backup_save_freq", "epoch"))
+    if strategy_name == "parameter_server":
+        # The coordinator schedules steps on the workers; datasets are made on each worker.
+        steps = fn_args.train_steps or sum(1 for _ in _dataset(
+            fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
+        train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(
+            fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None))
+        model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        local = build_model(tf_transform_output, hp["learning_rate"])
+        local.set_weights([v.numpy() for v in model.weights])
+        model = local
+    else:
+        train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True)
+        model.fit(train, epochs=hp["epochs"], steps_per_epoch=fn_args.train_steps, validation_data=evaluation,
+                  validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
     results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
     with open(os.path.join(fn_args.model_run_dir, "eval_metrics.json"), "w", encoding="utf-8") as handle:
         json.dump({k: float(v) for k, v in results.items()}, handle)

@@ -18,6 +18,14 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Four logical CPU devices stand in for GPUs (Mirrored, CentralStorage, GPipe stages).
+# This must happen before TensorFlow initialises its devices.
+LOGICAL_CPUS = 4
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS
+)
 
 TINY_EPOCHS = 3
 

@@ -54,4 +54,71 @@ def read_metrics(model_run_dir: str) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        rows = [json.loads(line) for line in handle if line.strip()]
+    # After a restart from a mid-epoch backup an epoch can be logged twice: keep the latest.
+    latest = {int(row["epoch"]): row for row in rows}
+    return [latest[epoch] for epoch in sorted(latest)]
+
+
+PROGRESS_FILE = "progress.json"
+
+
+class ProgressReporter(tf_keras.callbacks.Callback):
+    """Publishes the global step (and the step training resumed from) to a small JSON file,
+    so a launcher can tell how many steps a failure cost and when training is moving again."""
+
+    def __init__(self, directory: str, every_seconds: float = 0.2):
+        super().__init__()
+        self._path = os.path.join(directory, PROGRESS_FILE)
+        self._every = every_seconds
+        self._last = 0.0
+        os.makedirs(directory, exist_ok=True)
+
+    def _write(self, **extra):
+        state = {"step": int(self.model.optimizer.iterations.numpy()), "time": time.time(),
+                 "resumed_from_step": self._resumed, "pid": os.getpid(), **extra}
+        tmp = f"{self._path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(state, handle)
+        os.replace(tmp, self._path)
+
+    def on_train_begin(self, logs=None):
+        self._resumed = int(self.model.optimizer.iterations.numpy())
+        self._write(event="begin")
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if now - self._last >= self._every:
+            self._last = now
+            self._write(event="step")
+
+    def on_train_end(self, logs=None):
+        self._write(event="end")
+
+
+def read_progress(directory: str) -> dict | None:
+    try:
+        with open(os.path.join(directory, PROGRESS_FILE), encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int,
+                       save_freq: int | str = "epoch") -> list:
+    """BackupAndRestore (where tf_keras supports the strategy), TensorBoard, per-epoch metrics, progress."""
+    from components.trainer.strategies import BACKUP_CAPABLE, is_chief
+
+    callbacks = []
+    if strategy_name in BACKUP_CAPABLE:
+        callbacks.append(tf_keras.callbacks.BackupAndRestore(os.path.join(fn_args.working_dir, "backup"),
+                                                             save_freq=save_freq))
+    else:
+        log.warning("BackupAndRestore does not support %s in tf_keras; this run has no backups", strategy_name)
+    callbacks += [
+        tf_keras.callbacks.TensorBoard(fn_args.model_run_dir),
+        EpochMetricsLogger(fn_args.model_run_dir, batch_size, epochs),
+    ]
+    if is_chief():
+        callbacks.append(ProgressReporter(os.path.join(fn_args.working_dir, "progress")))
+    return callbacks

@@ -1,12 +1,17 @@
-"""Trainer executor: build FnArgs from artifact URIs, call the user's run_fn, check the export."""
+"""Trainer executor: plan the strategy, build FnArgs from artifact URIs, run the user's run_fn
+in this process or through a launcher, and check the exported model."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+from dataclasses import asdict
 from typing import Any, Mapping
 
 from components import artifacts
 from components.errors import SpecError
+from components.trainer import plan as plan_mod
 from components.trainer.callbacks import read_metrics
 from components.trainer.fn_args import FnArgs, tfxio_data_accessor
 from components.user_module import load_function
@@ -21,21 +26,52 @@ def working_dir_for(model_uri: str) -> str:
     return os.path.abspath(model_uri) + ".work"
 
 
-def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
-    import json
+def _model_memory(params) -> plan_mod.ModelMemory | None:
+    """The user module's optional `estimate_model_memory(hyperparameters)`."""
+    try:
+        estimate = load_function(params["module"], "estimate_model_memory")
+    except SpecError:
+        return None
+    return estimate(dict(params["hyperparameters"]))
 
-    run_fn = load_function(params["module"], params["run_fn"])
-    examples = inputs["examples"]
-    train_files = [artifacts.transformed_examples_file_pattern(examples, s) for s in params["train_splits"]]
-    eval_files = [artifacts.transformed_examples_file_pattern(examples, s) for s in params["eval_splits"]]
-    for pattern in train_files + eval_files:
-        if os.path.basename(os.path.dirname(pattern)) not in os.listdir(examples):
+
+def make_plan(params) -> plan_mod.Plan:
+    if params["launcher"] == "local" and (params["num_workers"] > 1 or params["num_ps"] > 0):
+        cluster = plan_mod.ClusterInfo(workers=params["num_workers"], ps=params["num_ps"])
+    else:
+        cluster = plan_mod.discover_cluster()
+    plan = plan_mod.decide(plan_mod.discover_inventory(), cluster, _model_memory(params), params["strategy"])
+    log.info("strategy plan: %s", plan.explain())
+    return plan
+
+
+def _check_inputs(examples: str, splits: list[str]) -> list[str]:
+    patterns = []
+    for split in splits:
+        pattern = artifacts.transformed_examples_file_pattern(examples, split)
+        if not os.path.isdir(os.path.dirname(pattern)):
             raise SpecError(f"Trainer: {os.path.dirname(pattern)} does not exist",
                             hint=f"splits present: {', '.join(artifacts.list_splits(examples))}")
         artifacts.require_files(pattern, "Trainer examples")
+        patterns.append(pattern)
+    return patterns
+
+
+def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
+    run_fn_name = params["run_fn"]
+    load_function(params["module"], run_fn_name)  # fail fast on a bad module
+    train_files = _check_inputs(inputs["examples"], params["train_splits"])
+    eval_files = _check_inputs(inputs["examples"], params["eval_splits"])
+    plan = make_plan(params)
+    distributed = params["num_workers"] > 1 or params["num_ps"] > 0
+    if distributed and params["launcher"] == "local" and \
+            plan.strategy not in ("multi_worker_mirrored", "parameter_server"):
+        raise SpecError(f"num_workers={params['num_workers']}, num_ps={params['num_ps']} needs strategy "
+                        f"multi_worker_mirrored or parameter_server, not {plan.strategy}")
 
     working_dir = working_dir_for(outputs["model"])
     os.makedirs(working_dir, exist_ok=True)
+    launch = None
     with artifacts.publish(outputs["model"]) as model_dir, artifacts.publish(outputs["model_run"]) as run_dir:
         fn_args = FnArgs(
             working_dir=working_dir,
@@ -51,18 +87,41 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             model_run_dir=run_dir,
             base_model=inputs.get("base_model"),
             hyperparameters=dict(params["hyperparameters"]),
-            custom_config=dict(params["custom_config"], input_pipeline_dir=inputs.get("input_pipeline")),
+            custom_config=dict(params["custom_config"], strategy=plan.strategy, plan=plan.to_dict(),
+                               backup_save_freq=params["backup_save_freq"],
+                               input_pipeline_dir=inputs.get("input_pipeline")),
         )
-        run_fn(fn_args)
+        if params["launcher"] == "local" and distributed:
+            launch = _launch_local(fn_args, params, plan)
+        elif params["launcher"] in ("kubernetes", "vertex"):
+            raise SpecError(f"launcher {params['launcher']!r} submits to a remote cluster and needs a container "
+                            "image; use components.trainer.launchers directly", hint="see README, Launchers")
+        else:
+            load_function(params["module"], run_fn_name)(fn_args)
         if not os.path.isdir(fn_args.serving_model_dir):
             raise SpecError(
                 f"run_fn finished but wrote no model to serving_model_dir ({fn_args.serving_model_dir})",
                 hint="run_fn must save a SavedModel to fn_args.serving_model_dir",
             )
+        with open(os.path.join(run_dir, "plan.json"), "w", encoding="utf-8") as handle:
+            json.dump(plan.to_dict(), handle, indent=2)
         history = read_metrics(run_dir)
         eval_path = os.path.join(run_dir, EVAL_METRICS_FILE)
         eval_metrics = json.load(open(eval_path, encoding="utf-8")) if os.path.exists(eval_path) else {}
-    import shutil
-
     shutil.rmtree(working_dir, ignore_errors=True)
-    return {"history": history, "eval_metrics": eval_metrics}
+    return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(),
+            "launch": launch.to_dict() if launch else None}
+
+
+def _launch_local(fn_args: FnArgs, params, plan):
+    from components.trainer.launchers.local import LocalLauncher
+
+    fields = {k: v for k, v in asdict(fn_args).items() if k != "data_accessor"}
+    job = {"module": params["module"], "run_fn": params["run_fn"], "strategy": plan.strategy, "fn_args": fields}
+    job_path = os.path.join(fn_args.working_dir, "job.json")
+    with open(job_path, "w", encoding="utf-8") as handle:
+        json.dump(job, handle)
+    launcher = LocalLauncher(params["num_workers"], params["num_ps"], params["max_restarts"])
+    report = launcher.run(job_path, os.path.join(fn_args.working_dir, "progress"))
+    log.info("launch report: %s", report.to_dict())
+    return report

@@ -4,6 +4,13 @@ from __future__ import annotations
 from components import artifacts
 from components.spec import ComponentSpec, Parameter
 from components.trainer import executor
+from components.trainer.strategies import STRATEGIES
+
+
+def _save_freq(value):
+    if value == "epoch" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return None
+    return "must be 'epoch' or a positive number of steps"
 
 TRAINER = ComponentSpec(
     name="Trainer",
@@ -26,6 +33,13 @@ TRAINER = ComponentSpec(
         "eval_steps": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0"),
         "hyperparameters": Parameter(dict, {}),
         "custom_config": Parameter(dict, {}),
+        "strategy": Parameter(str, "auto", choices=STRATEGIES),
+        "launcher": Parameter(str, "local", choices=("local", "kubernetes", "vertex")),
+        "num_workers": Parameter(int, 1, check=lambda n: None if n >= 1 else "must be >= 1"),
+        "num_ps": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0"),
+        "max_restarts": Parameter(int, 2, check=lambda n: None if n >= 0 else "must be >= 0"),
+        "backup_save_freq": Parameter((str, int), "epoch", check=_save_freq,
+                                      help="BackupAndRestore save_freq: 'epoch' or every N steps"),
     },
     executor=executor.run,
 )

@@ -1,0 +1,207 @@
+"""Local multi-process launcher: the same TF gRPC runtime as a real cluster, on loopback.
+
+Each process gets its own TF_CONFIG with free ports picked at launch. Output streams with a
+per-process prefix. The first process to fail stops the whole cluster; the launcher then
+restarts it (BackupAndRestore resumes training) up to `max_restarts` times. No process is
+left behind on success, failure or Ctrl-C.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from components.errors import HpmlError
+from components.trainer.callbacks import read_progress
+
+log = logging.getLogger("hpml.launcher")
+
+
+@dataclass
+class LaunchReport:
+    restarts: int = 0
+    steps_lost: int = 0
+    recovery_seconds: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LaunchError(HpmlError):
+    """A process of the job failed and no restarts are left."""
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def cluster_spec(num_workers: int, num_ps: int, with_chief: bool) -> dict[str, list[str]]:
+    roles = (["chief"] if with_chief else []) + ["worker"] * num_workers + ["ps"] * num_ps
+    ports = iter(free_ports(len(roles)))
+    spec: dict[str, list[str]] = {}
+    for role in roles:
+        spec.setdefault(role, []).append(f"127.0.0.1:{next(ports)}")
+    return spec
+
+
+class _Process:
+    def __init__(self, name: str, argv: list[str], env: dict, echo):
+        self.name = name
+        self.tail: deque[str] = deque(maxlen=30)
+        self.popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1, start_new_session=True)
+        self._reader = threading.Thread(target=self._pump, args=(echo,), daemon=True)
+        self._reader.start()
+
+    def _pump(self, echo):
+        for line in self.popen.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            echo(f"[{self.name}] {line}")
+
+    def kill(self, grace: float = 3.0):
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(grace)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.popen.wait()
+        self._reader.join(timeout=2)
+
+
+_EXCEPTION_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)\b.*")
+
+
+def _error_summary(lines: list[str]) -> str:
+    """The last exception line of a process's output and the message right after it."""
+    for i in range(len(lines) - 1, -1, -1):
+        if _EXCEPTION_LINE.match(lines[i].strip()):
+            following = [l.strip() for l in lines[i + 1:i + 4] if l.strip() and not l.strip().startswith("[[")]
+            return " ".join([lines[i].strip(), *following[:2]])[:600]
+    tail = [l.strip() for l in lines if l.strip()]
+    return " | ".join(tail[-2:])[:600]
+
+
+class LocalLauncher:
+    """Runs `python -m components.trainer.worker JOB` once per cluster task."""
+
+    def __init__(self, num_workers: int, num_ps: int = 0, max_restarts: int = 2, echo=None):
+        if num_workers < 1 or num_ps < 0 or max_restarts < 0:
+            raise HpmlError("the local launcher needs num_workers >= 1, num_ps >= 0, max_restarts >= 0")
+        self.num_workers, self.num_ps, self.max_restarts = num_workers, num_ps, max_restarts
+        self._echo = echo or (lambda line: log.info("%s", line))
+        self.processes: list[_Process] = []
+        self._lock = threading.Lock()
+
+    @property
+    def parameter_server(self) -> bool:
+        return self.num_ps > 0
+
+    def pids(self) -> dict[str, int]:
+        with self._lock:
+            return {p.name: p.popen.pid for p in self.processes if p.popen.poll() is None}
+
+    def _write_pids(self, path: str) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(self.pids(), handle)
+        os.replace(tmp, path)
+
+    def run(self, job_path: str, progress_dir: str) -> LaunchReport:
+        report = LaunchReport()
+        started = time.perf_counter()
+        try:
+            for attempt in range(self.max_restarts + 1):
+                failure = self._attempt(job_path)
+                if failure is None:
+                    break
+                report.failures.append(failure)
+                before = read_progress(progress_dir)
+                failed_at = time.perf_counter()
+                if attempt == self.max_restarts:
+                    raise LaunchError(f"training failed after {attempt} restart(s): {failure}",
+                                      hint="the backup is kept: a retry of this task resumes from it")
+                report.restarts += 1
+                log.warning("restarting the cluster (%d/%d) after: %s", report.restarts, self.max_restarts, failure)
+                self._watch_recovery(report, before, failed_at, progress_dir)
+            report.seconds = time.perf_counter() - started
+            return report
+        finally:
+            self._stop_all()
+
+    def _watch_recovery(self, report, before, failed_at, progress_dir):
+        """Once the restarted chief moves past its resume point, record steps lost and recovery time."""
+        def watch():
+            while True:
+                now = read_progress(progress_dir)
+                if now and before and now.get("pid") != before.get("pid") and now["step"] > now["resumed_from_step"]:
+                    report.steps_lost += max(before["step"] - now["resumed_from_step"], 0)
+                    report.recovery_seconds.append(time.perf_counter() - failed_at)
+                    return
+                if now and now.get("event") == "end" and now.get("pid") != (before or {}).get("pid"):
+                    report.recovery_seconds.append(time.perf_counter() - failed_at)
+                    return
+                time.sleep(0.05)
+        threading.Thread(target=watch, daemon=True).start()
+
+    def _attempt(self, job_path: str) -> str | None:
+        spec = cluster_spec(self.num_workers, self.num_ps, with_chief=self.parameter_server)
+        with self._lock:
+            self.processes = []
+            for role, addresses in spec.items():
+                for index in range(len(addresses)):
+                    env = dict(os.environ, TF_CONFIG=json.dumps(
+                        {"cluster": spec, "task": {"type": role, "index": index}}), PYTHONUNBUFFERED="1")
+                    argv = [sys.executable, "-m", "components.trainer.worker", job_path]
+                    self.processes.append(_Process(f"{role}-{index}", argv, env, self._echo))
+        self._write_pids(os.path.join(os.path.dirname(job_path), "pids.json"))
+        # Under parameter servers only the coordinator (chief) finishes; servers run until stopped.
+        finishers = [p for p in self.processes if not self.parameter_server or p.name.startswith("chief")]
+        while True:
+            for proc in self.processes:
+                code = proc.popen.poll()
+                if code not in (None, 0):
+                    reason = f"{proc.name} exited with code {code}"
+                    if code < 0:
+                        reason += f" ({signal.Signals(-code).name})"
+                    summary = _error_summary(list(proc.tail))
+                    if summary:
+                        reason += ": " + summary
+                    self._stop_all()
+                    return reason
+                if code == 0 and proc not in finishers:
+                    self._stop_all()
+                    return f"{proc.name} exited early"
+            if all(p.popen.poll() == 0 for p in finishers):
+                self._stop_all()
+                return None
+            time.sleep(0.1)
+
+    def _stop_all(self):
+        with self._lock:
+            for proc in self.processes:
+                proc.kill()

@@ -1,0 +1,57 @@
+"""Entry point of one Trainer process in a cluster: `python -m components.trainer.worker JOB.json`.
+
+Parameter servers (and workers under ParameterServerStrategy) serve until stopped; the
+chief/coordinator and MultiWorkerMirrored workers call the user's run_fn. Non-chief workers
+save into their own scratch dirs, as MultiWorkerMirrored requires every worker to save.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
+def _serve(config: dict) -> None:
+    import tensorflow as tf
+
+    task = config["task"]
+    server = tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name=task["type"],
+                                  task_index=task["index"], protocol="grpc", start=True)
+    server.join()
+
+
+def main(job_path: str) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+    with open(job_path, encoding="utf-8") as handle:
+        job = json.load(handle)
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task = config.get("task", {})
+    if task.get("type") == "ps" or (task.get("type") == "worker" and job["strategy"] == "parameter_server"):
+        _serve(config)
+        return 0
+
+    from components.trainer.fn_args import FnArgs, tfxio_data_accessor
+    from components.trainer.strategies import is_chief, make_strategy
+
+    make_strategy(job["strategy"])  # before any other TF op: collective ops are configured at startup
+    from components.user_module import load_function
+
+    fields = dict(job["fn_args"])
+    if not is_chief():
+        scratch = os.path.join(fields["working_dir"], f"{task['type']}-{task['index']}")
+        fields["serving_model_dir"] = os.path.join(scratch, "serving")
+        fields["model_run_dir"] = os.path.join(scratch, "model_run")
+        fields["eval_model_dir"] = os.path.join(scratch, "eval")
+        os.makedirs(fields["model_run_dir"], exist_ok=True)
+        # working_dir stays shared: every worker's BackupAndRestore must see the chief's backup.
+    fn_args = FnArgs(**fields, data_accessor=tfxio_data_accessor())
+    load_function(job["module"], job["run_fn"])(fn_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
