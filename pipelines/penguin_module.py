@@ -95,6 +95,10 @@ def _dataset(fn_args, files, tf_transform_output, batch_size, seed, shuffle, num
     return dataset.with_options(sharding)
 
 
+def _count_batches(dataset) -> int:
+    return int(dataset.reduce(0, lambda count, _: count + 1).numpy())
+
+
 def run_fn(fn_args):
     """Train the penguin classifier under the planned strategy and export it for serving."""
     import tf_keras
@@ -117,10 +121,12 @@ def run_fn(fn_args):
     os.makedirs(fn_args.model_run_dir, exist_ok=True)
     callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
                                    config.get("backup_save_freq", "epoch"))
+    # Steps per epoch must be known for BackupAndRestore to resume mid-epoch and for the PS
+    # coordinator; the training data then repeats and the steps mark the epoch boundaries.
+    steps = fn_args.train_steps or _count_batches(
+        _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
     if strategy_name == "parameter_server":
-        # The coordinator schedules steps on the workers; datasets are made on each worker.
-        steps = fn_args.train_steps or sum(1 for _ in _dataset(
-            fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
+        # The coordinator schedules steps on the workers; each worker makes its own dataset.
         train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(
             fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None))
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, callbacks=callbacks, verbose=0)
@@ -128,8 +134,8 @@ def run_fn(fn_args):
         local.set_weights([v.numpy() for v in model.weights])
         model = local
     else:
-        train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True)
-        model.fit(train, epochs=hp["epochs"], steps_per_epoch=fn_args.train_steps, validation_data=evaluation,
+        train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
+        model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
                   validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
     results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
     with open(os.path.join(fn_args.model_run_dir, "eval_metrics.json"), "w", encoding="utf-8") as handle:

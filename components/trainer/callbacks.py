@@ -24,17 +24,18 @@ class EpochMetricsLogger(tf_keras.callbacks.Callback):
         self._total = total_epochs
         self._started = None
 
+    # Steps come from the optimizer's counter, not batch hooks, which ParameterServerStrategy forbids.
+    def _iterations(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.perf_counter()
         self._started = self._started or self._epoch_start
-        self._steps = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._steps += 1
+        self._first_step = self._iterations()
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._epoch_start
-        steps = max(self._steps, 1)
+        steps = max(self._iterations() - self._first_step, 1)
         record = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float)) or hasattr(v, "__float__")}
         record.update(
             epoch=epoch + 1,
@@ -119,6 +120,8 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
         tf_keras.callbacks.TensorBoard(fn_args.model_run_dir),
         EpochMetricsLogger(fn_args.model_run_dir, batch_size, epochs),
     ]
-    if is_chief():
+    # Under parameter servers the coordinator reschedules a failed worker's steps itself, and
+    # batch-level callbacks are not allowed.
+    if is_chief() and strategy_name != "parameter_server":
         callbacks.append(ProgressReporter(os.path.join(fn_args.working_dir, "progress")))
     return callbacks

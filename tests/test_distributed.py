@@ -1,0 +1,133 @@
+"""Strategies and the local launcher on real TF processes over loopback."""
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.errors import SpecError
+from components.trainer import TRAINER
+from components.trainer.callbacks import read_metrics, read_progress
+from components.trainer.launchers.local import LaunchError
+
+TOY = os.path.join(os.path.dirname(__file__), "assets", "toy_run_fn.py")
+
+
+def _inputs(outputs):
+    return {"examples": outputs["Transform"]["transformed_examples"],
+            "transform_graph": outputs["Transform"]["transform_graph"],
+            "schema": outputs["ExampleGen"]["schema"]}
+
+
+def _out(tmp_path, name):
+    return {"model": str(tmp_path / name / "model"), "model_run": str(tmp_path / name / "model_run")}
+
+
+def _weights(outputs):
+    with np.load(os.path.join(outputs["model_run"], "weights.npz")) as data:
+        return [data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def test_two_mwms_workers_end_with_the_weights_of_one_process(penguin_outputs, tmp_path):
+    one, two = _out(tmp_path, "one"), _out(tmp_path, "two")
+    TRAINER.run(_inputs(penguin_outputs), one, {"module": TOY, "strategy": "one_device"})
+    result = TRAINER.run(_inputs(penguin_outputs), two, {"module": TOY, "num_workers": 2, "max_restarts": 0})
+    assert result["plan"]["strategy"] == "multi_worker_mirrored"
+    assert result["launch"]["restarts"] == 0
+    moved = max(np.abs(w).max() for w in _weights(one))
+    assert moved > 0.1
+    for single, cluster in zip(_weights(one), _weights(two)):
+        np.testing.assert_allclose(cluster, single, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy, replicas", [("mirrored", 4), ("central_storage", 4)])
+def test_mirrored_and_central_storage_on_logical_cpus(penguin_outputs, tmp_path, strategy, replicas):
+    from components.trainer.strategies import make_strategy
+
+    assert make_strategy(strategy).num_replicas_in_sync == replicas
+    result = TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, strategy), {
+        "module": "pipelines.penguin_module", "strategy": strategy,
+        "hyperparameters": {"epochs": 3, "batch_size": 16}})
+    assert result["plan"]["strategy"] == strategy
+    losses = [row["loss"] for row in result["history"]]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+
+
+def test_parameter_server_training_with_two_workers_and_one_ps(penguin_outputs, tmp_path):
+    outputs = _out(tmp_path, "pss")
+    result = TRAINER.run(_inputs(penguin_outputs), outputs, {
+        "module": "pipelines.penguin_module", "num_workers": 2, "num_ps": 1, "max_restarts": 0,
+        "hyperparameters": {"epochs": 4, "batch_size": 16, "learning_rate": 0.05}})
+    assert result["plan"]["strategy"] == "parameter_server"
+    losses = [row["loss"] for row in result["history"]]
+    assert len(losses) == 4 and losses[-1] < 0.7 * losses[0], losses
+    assert result["eval_metrics"]["accuracy"] > 0.7
+    assert os.path.isfile(os.path.join(outputs["model"], "Format-Serving", "saved_model.pb"))
+
+
+def test_killed_worker_is_restarted_and_training_resumes_from_backup(penguin_outputs, tmp_path):
+    outputs = _out(tmp_path, "kill")
+    work = outputs["model"] + ".work"
+    epochs, batch = 8, 8
+    killed = {}
+
+    def assassin():
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            progress = read_progress(os.path.join(work, "progress"))
+            backups = os.path.join(work, "backup")
+            has_backup = os.path.isdir(backups) and any("ckpt" in f or "checkpoint" in f
+                                                        for _, _, files in os.walk(backups) for f in files)
+            if progress and has_backup and progress["step"] >= 40:
+                pids = json.load(open(os.path.join(work, "pids.json")))
+                os.kill(pids["worker-1"], signal.SIGKILL)
+                killed.update(step=progress["step"], pid=pids["worker-1"])
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=assassin, daemon=True)
+    thread.start()
+    result = TRAINER.run(_inputs(penguin_outputs), outputs, {
+        "module": "pipelines.penguin_module", "num_workers": 2, "max_restarts": 2, "backup_save_freq": 5,
+        "hyperparameters": {"epochs": epochs, "batch_size": batch}})
+    thread.join()
+    assert killed, "the worker was never killed"
+    launch = result["launch"]
+    assert launch["restarts"] == 1
+    assert "worker-1 exited with code -9 (SIGKILL)" in launch["failures"][0]
+    assert 0 <= launch["steps_lost"] <= 5 + 2, "at most save_freq steps (plus the kill latency) are redone"
+    assert len(launch["recovery_seconds"]) == 1 and launch["recovery_seconds"][0] > 0
+    assert [row["epoch"] for row in result["history"]] == list(range(1, epochs + 1))
+    model = tf.saved_model.load(os.path.join(outputs["model"], "Format-Serving"))
+    raw = next(iter(tf.data.TFRecordDataset(
+        tf.io.gfile.glob(os.path.join(penguin_outputs["ExampleGen"]["examples"], "Split-eval", "*.gz")),
+        compression_type="GZIP").batch(5)))
+    assert model.signatures["serving_default"](examples=raw)["probabilities"].shape == (5, 3)
+    assert not os.path.exists(work), "the backup is removed once training succeeded"
+
+
+def test_failure_past_retries_is_clear_and_keeps_the_backup(penguin_outputs, tmp_path):
+    bad = tmp_path / "crash.py"
+    bad.write_text("import os\n"
+                   "def run_fn(fn_args):\n"
+                   "    from components.trainer.strategies import make_strategy\n"
+                   "    make_strategy(fn_args.custom_config['strategy'])\n"
+                   "    os.makedirs(os.path.join(fn_args.working_dir, 'backup'), exist_ok=True)\n"
+                   "    raise ValueError('out of coffee')\n")
+    outputs = _out(tmp_path, "crash")
+    with pytest.raises(LaunchError, match=r"training failed after 1 restart\(s\): worker-\d exited with code 1: "
+                                          r"ValueError: out of coffee") as err:
+        TRAINER.run(_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 1})
+    assert "resumes from it" in err.value.hint
+    assert os.path.isdir(outputs["model"] + ".work/backup"), "the backup must survive for the next attempt"
+    assert not os.path.exists(outputs["model"])
+
+
+def test_worker_count_needs_a_cluster_strategy(penguin_outputs, tmp_path):
+    with pytest.raises(SpecError, match="needs strategy multi_worker_mirrored or parameter_server"):
+        TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "x"),
+                    {"module": TOY, "num_workers": 2, "strategy": "mirrored"})
