@@ -83,10 +83,17 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
         if _finite(value):
             metrics.append(Metric(f"eval_{key}", float(value), now, 0))
     tags = [RunTag(f"{ARTIFACT_TAG}{node_id}.{name}", uri) for name, uri in outputs.items()]
+    plan = properties.get("plan")
+    if plan:
+        tags += [RunTag("hpml.strategy", plan["strategy"]), RunTag("hpml.plan", "; ".join(plan["reasons"]))]
+    launch = properties.get("launch")
+    if launch:
+        metrics += [Metric("restarts", launch["restarts"], now, 0), Metric("steps_lost", launch["steps_lost"], now, 0),
+                    Metric("recovery_seconds", sum(launch["recovery_seconds"]), now, 0)]
     mlflow_client = client()
     mlflow_client.log_batch(mlflow_run_id, metrics=metrics, tags=tags)
     for name, uri in outputs.items():
-        for small in ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "input_pipeline.json"):
+        for small in ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "input_pipeline.json", "plan.json"):
             path = os.path.join(uri, small)
             if os.path.isfile(path):
                 mlflow_client.log_artifact(mlflow_run_id, path, artifact_path=f"{node_id}/{name}")

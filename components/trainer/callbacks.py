@@ -84,10 +84,14 @@ class ProgressReporter(tf_keras.callbacks.Callback):
         os.replace(tmp, self._path)
 
     def on_train_begin(self, logs=None):
-        self._resumed = int(self.model.optimizer.iterations.numpy())
+        self._resumed = None  # the optimizer's counter is restored lazily, at its first update
         self._write(event="begin")
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._resumed is None:
+            self._resumed = int(self.model.optimizer.iterations.numpy()) - 1
+            self._write(event="step")
+            return
         now = time.perf_counter()
         if now - self._last >= self._every:
             self._last = now

@@ -26,8 +26,14 @@ def main(job_path: str) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
-    with open(job_path, encoding="utf-8") as handle:
-        job = json.load(handle)
+    if "://" in job_path:  # e.g. gs:// on Vertex AI
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(job_path) as handle:
+            job = json.load(handle)
+    else:
+        with open(job_path, encoding="utf-8") as handle:
+            job = json.load(handle)
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     task = config.get("task", {})
     if task.get("type") == "ps" or (task.get("type") == "worker" and job["strategy"] == "parameter_server"):

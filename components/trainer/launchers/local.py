@@ -158,7 +158,9 @@ class LocalLauncher:
         def watch():
             while True:
                 now = read_progress(progress_dir)
-                if now and before and now.get("pid") != before.get("pid") and now["step"] > now["resumed_from_step"]:
+                resumed = (now or {}).get("resumed_from_step")
+                if now and before and now.get("pid") != before.get("pid") and resumed is not None \
+                        and now["step"] > resumed:
                     report.steps_lost += max(before["step"] - now["resumed_from_step"], 0)
                     report.recovery_seconds.append(time.perf_counter() - failed_at)
                     return

@@ -1,0 +1,33 @@
+"""Helpers shared by the benchmark scripts: medians of repeated runs, result files, peak RSS."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def peak_rss_mib(children: bool = False) -> float:
+    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
+    return resource.getrusage(who).ru_maxrss / 1024
+
+
+def write_results(name: str, data: dict, table: str) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+    (RESULTS / f"{name}.md").write_text(table)
+    print(table)

@@ -1,0 +1,86 @@
+"""Kubernetes launcher: render a Kubeflow TFJob, submit it with the kubernetes client, wait for it.
+
+The training operator creates the pods and gives each its TF_CONFIG; our worker entry point
+does the rest, exactly as on loopback.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+
+import yaml
+
+from components.errors import HpmlError
+from components.trainer.launchers.cluster_job import ClusterJob
+
+log = logging.getLogger("hpml.launcher.kubernetes")
+
+TEMPLATE = Path(__file__).resolve().parents[3] / "infra" / "tfjob.yaml"
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
+_REPLICA_NAMES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
+
+
+def render(job: ClusterJob, namespace: str = "default") -> dict:
+    """The TFJob manifest for `job`, from infra/tfjob.yaml."""
+    manifest = yaml.safe_load(TEMPLATE.read_text(encoding="utf-8"))
+    manifest["metadata"]["name"] = job.name
+    manifest["metadata"]["namespace"] = namespace
+    manifest["spec"]["runPolicy"]["backoffLimit"] = job.max_restarts
+    env = [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}] + [
+        {"name": k, "value": v} for k, v in sorted(job.env.items())]
+    for role, replicas in job.roles().items():
+        if replicas == 0:
+            continue
+        limits = {"cpu": job.cpu, "memory": job.memory}
+        if job.gpus_per_worker and role != "ps":
+            limits["nvidia.com/gpu"] = str(job.gpus_per_worker)
+        container = {
+            "name": "tensorflow",  # the training operator looks for this container name
+            "image": job.image,
+            "command": list(job.command),
+            "env": copy.deepcopy(env),
+            "resources": {"limits": limits, "requests": {"cpu": job.cpu, "memory": job.memory}},
+            "ports": [{"name": "tfjob-port", "containerPort": 2222}],
+        }
+        manifest["spec"]["tfReplicaSpecs"][_REPLICA_NAMES[role]] = {
+            "replicas": replicas,
+            "restartPolicy": "OnFailure" if role != "ps" else "Always",
+            "template": {"spec": {"containers": [container]}},
+        }
+    return manifest
+
+
+def submit(manifest: dict, api_client) -> str:
+    """Create the TFJob; returns its name."""
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(api_client)
+    created = api.create_namespaced_custom_object(GROUP, VERSION, manifest["metadata"]["namespace"], PLURAL, manifest)
+    return created["metadata"]["name"]
+
+
+def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, poll_s: float = 10.0) -> dict:
+    """Poll the TFJob's conditions until it Succeeded (returns its status) or Failed (raises)."""
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(api_client)
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        obj = api.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name)
+        status = obj.get("status") or {}
+        conditions = [c for c in status.get("conditions", []) if c.get("status") == "True"]
+        latest = conditions[-1]["type"] if conditions else None
+        if latest != last:
+            log.info("TFJob %s/%s: %s", namespace, name, latest or "pending")
+            last = latest
+        if latest == "Succeeded":
+            return status
+        if latest == "Failed":
+            message = conditions[-1].get("message", "")
+            raise HpmlError(f"TFJob {namespace}/{name} failed: {message}",
+                            hint=f"kubectl -n {namespace} logs -l training.kubeflow.org/job-name={name}")
+        time.sleep(poll_s)
+    raise HpmlError(f"TFJob {namespace}/{name} did not finish within {timeout_s:.0f}s")
