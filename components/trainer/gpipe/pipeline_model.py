@@ -1,0 +1,193 @@
+"""PipelineModel: a tf_keras model split into K stages on K devices, trained on M micro-batches.
+
+One train_step (one tf.function under `model.fit`) walks the schedule's micro-steps in clock
+order. Each forward F(s, m) and backward B(s, m) is built explicitly under stage s's device,
+with a control dependency on the stage's previous micro-step, so the graph runs the schedule
+even where the dataflow alone would allow another order. Weight gradients are summed over
+micro-batches (weighted by micro-batch size) and applied in a single optimizer update, so a
+step equals the plain model's full-batch step.
+
+remat: `always` recomputes every micro-batch's stage forward just before its backward (only
+the stage input is kept), `except_last` all but the last micro-batch, `never` keeps the tape.
+swap: the kept stage inputs wait in host memory between forward and backward.
+BatchNorm: each micro-batch is normalised with its own statistics (as in GPipe); recomputation
+restores a stage's non-trainable state, so moving averages move once per micro-batch.
+"""
+from __future__ import annotations
+
+import collections
+
+import tensorflow as tf
+import tf_keras
+
+from components.errors import SpecError
+from components.trainer.gpipe import partition, schedule
+
+REMAT_MODES = ("always", "except_last", "never")
+
+
+def default_devices(num_stages: int) -> list[str]:
+    """GPU:i when there are enough GPUs, else logical CPU devices, else CPU:0 shared."""
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if len(gpus) >= num_stages:
+        return gpus[:num_stages]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    return [cpus[i % len(cpus)] for i in range(num_stages)]
+
+
+class PipelineModel(tf_keras.Model):
+    def __init__(self, layers, num_stages: int, num_micro_batches: int, devices=None, balance="params",
+                 remat: str = "except_last", schedule_name: str = "gpipe", swap: bool = False,
+                 layer_costs=None, **kwargs):
+        super().__init__(**kwargs)
+        self.pipeline_layers = list(layers)
+        if remat not in REMAT_MODES:
+            raise SpecError(f"remat must be one of {', '.join(REMAT_MODES)}, got {remat!r}")
+        if num_micro_batches < 1:
+            raise SpecError("num_micro_batches must be >= 1")
+        self.num_stages, self.num_micro_batches = num_stages, num_micro_batches
+        self.remat, self.schedule_name, self.swap = remat, schedule_name, swap
+        self.order = schedule.build(schedule_name, num_stages, num_micro_batches)
+        self.devices = list(devices or default_devices(num_stages))
+        if len(self.devices) != num_stages:
+            raise SpecError(f"{num_stages} stages need {num_stages} devices, got {self.devices}")
+        self.balance = balance
+        self._layer_costs = layer_costs
+        self.stages = None if balance in ("params", "time") else partition.counts_to_stages(
+            list(balance), len(self.pipeline_layers))
+        self.trace_counts = collections.Counter()  # per trace: ("F"|"B"|"R", stage) -> micro-steps built
+
+    # -- placement ------------------------------------------------------------------------------
+    def _partition(self):
+        if self.stages is not None:
+            return
+        if self._layer_costs is not None:
+            costs = list(self._layer_costs)
+        elif self.balance == "params":
+            costs = [max(l.count_params(), 1) for l in self.pipeline_layers]
+        else:
+            raise SpecError("balance='time' needs layer_costs (see gpipe.profile.layer_costs)")
+        self.stages = partition.block_partition(costs, self.num_stages)
+
+    def _stage_forward(self, s, x, training):
+        for index in self.stages[s]:
+            x = self.pipeline_layers[index](x, training=training)
+        return x
+
+    def call(self, inputs, training=False):
+        if self.stages is None:
+            self._partition_by_shapes(inputs)
+        x = inputs
+        for s in range(self.num_stages):
+            with tf.device(self.devices[s]):  # first call builds each stage's variables here
+                x = self._stage_forward(s, x, training)
+        return x
+
+    def _partition_by_shapes(self, inputs):
+        """Layers must be built to count parameters: build them once on CPU shapes, then split."""
+        if self.balance == "params" and self._layer_costs is None:
+            if not all(l.built for l in self.pipeline_layers):
+                raise SpecError("balance='params' needs built layers (build the Sequential first), "
+                                "or give layer_costs or an explicit balance")
+        self._partition()
+
+    def stage_variables(self, s, trainable=True):
+        attr = "trainable_variables" if trainable else "non_trainable_variables"
+        return [v for index in self.stages[s] for v in getattr(self.pipeline_layers[index], attr)]
+
+    # -- training -------------------------------------------------------------------------------
+    def _remat(self, m):
+        return self.remat == "always" or (self.remat == "except_last" and m < self.num_micro_batches - 1)
+
+    def train_step(self, data):
+        x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
+        k, num_micro = self.num_stages, self.num_micro_batches
+        batch = tf.shape(tf.nest.flatten(x)[0])[0]
+        size = (batch + num_micro - 1) // num_micro
+        bounds = [(tf.minimum(m * size, batch), tf.minimum((m + 1) * size, batch)) for m in range(num_micro)]
+
+        def piece(structure, m):
+            start, stop = bounds[m]
+            return tf.nest.map_structure(lambda t: None if t is None else t[start:stop], structure)
+
+        shares = [tf.cast(stop - start, tf.float32) / tf.cast(batch, tf.float32) for start, stop in bounds]
+        clock = sorted(schedule.simulate(self.order).events, key=lambda e: (e[3], e[0]))
+        variables = [self.stage_variables(s) for s in range(k)]
+        summed = [[tf.zeros_like(v) for v in variables[s]] for s in range(k)]
+        kept, tapes, outputs, input_grads, last = {}, {}, {}, {}, [None] * k
+        self.trace_counts.clear()
+
+        for s, kind, m, _, _ in clock:
+            deps = [t for t in tf.nest.flatten(last[s]) if t is not None] if last[s] is not None else []
+            with tf.control_dependencies(deps), tf.device(self.devices[s]):
+                if kind == "F":
+                    self.trace_counts[("F", s)] += 1
+                    x_in = piece(x, m) if s == 0 else tf.identity(outputs[(s - 1, m)])
+                    if self._remat(m):
+                        y_out = self._stage_forward(s, x_in, True)
+                        stored = x_in
+                        if self.swap:
+                            with tf.device("/cpu:0"):
+                                stored = tf.nest.map_structure(tf.identity, x_in)
+                        kept[(s, m)] = stored
+                        if s == k - 1:
+                            self.compiled_metrics.update_state(piece(y, m), y_out, piece(sample_weight, m))
+                    else:
+                        tape = tf.GradientTape()
+                        with tape:
+                            if s > 0:
+                                tape.watch(x_in)
+                            y_out = self._stage_forward(s, x_in, True)
+                            loss = None
+                            if s == k - 1:
+                                loss = shares[m] * self.compute_loss(None, piece(y, m), y_out, piece(sample_weight, m))
+                        tapes[(s, m)] = (tape, x_in, y_out, loss)
+                        if s == k - 1:
+                            self.compiled_metrics.update_state(piece(y, m), y_out, piece(sample_weight, m))
+                    outputs[(s, m)] = y_out
+                    last[s] = y_out
+                else:
+                    self.trace_counts[("B", s)] += 1
+                    if (s, m) in kept:
+                        self.trace_counts[("R", s)] += 1
+                        x_in = kept.pop((s, m))
+                        if self.swap:
+                            x_in = tf.nest.map_structure(tf.identity, x_in)  # back onto this stage's device
+                        state = [v.read_value() for v in self.stage_variables(s, trainable=False)]
+                        tape = tf.GradientTape()
+                        with tape:
+                            if s > 0:
+                                tape.watch(x_in)
+                            y_out = self._stage_forward(s, x_in, True)
+                            loss = None
+                            if s == k - 1:
+                                loss = shares[m] * self.compute_loss(None, piece(y, m), y_out, piece(sample_weight, m))
+                        with tf.control_dependencies([y_out]):  # recomputation must not move BN statistics
+                            restores = [v.assign(value) for v, value in
+                                        zip(self.stage_variables(s, trainable=False), state)]
+                    else:
+                        tape, x_in, y_out, loss = tapes.pop((s, m))
+                        restores = []
+                    sources = list(variables[s]) + ([x_in] if s > 0 else [])
+                    if s == k - 1:
+                        grads = tape.gradient(loss, sources)
+                    else:
+                        grads = tape.gradient(y_out, sources, output_gradients=input_grads.pop((s + 1, m)))
+                    weight_grads = grads[:len(variables[s])]
+                    if s > 0:
+                        input_grads[(s, m)] = grads[-1]
+                    summed[s] = [acc if g is None else acc + tf.convert_to_tensor(g)
+                                 for acc, g in zip(summed[s], weight_grads)]
+                    last[s] = [g for g in grads if g is not None] + restores
+        flat_vars = [v for vs in variables for v in vs]
+        flat_grads = [g for gs in summed for g in gs]
+        self.optimizer.apply_gradients(zip(flat_grads, flat_vars))
+        return self.get_metrics_result()
+
+    def describe(self) -> dict:
+        """What the run record keeps: K, M, the balance, the stage placement."""
+        return {"num_stages": self.num_stages, "num_micro_batches": self.num_micro_batches,
+                "balance": self.balance if isinstance(self.balance, str) else list(self.balance),
+                "stages": [[self.pipeline_layers[i].name for i in st] for st in self.stages or []],
+                "devices": self.devices, "remat": self.remat, "schedule": self.schedule_name, "swap": self.swap,
+                "expected_bubble": (self.num_stages - 1) / (self.num_micro_batches + self.num_stages - 1)}

@@ -1,0 +1,173 @@
+"""GPipe: partitioning, schedule shape, and transparency (the pipeline computes what the plain
+model computes), on logical CPU devices."""
+import itertools
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from components.trainer.gpipe import partition, schedule
+from components.trainer.gpipe.pipeline_model import PipelineModel
+
+LR = 0.1
+BALANCES = {1: [5], 2: [3, 2], 4: [2, 1, 1, 1]}
+
+
+def test_block_partition_minimises_the_largest_stage():
+    costs = [1, 2, 3, 4, 5, 6]
+    stages = partition.block_partition(costs, 2)
+    assert [[costs[i] for i in stage] for stage in stages] == [[1, 2, 3, 4], [5, 6]]
+    assert partition.block_partition([1, 1, 1, 1], 4) == [[0], [1], [2], [3]]
+    heavy = [1, 1, 10, 1, 1, 1, 1]
+    assert max(sum(heavy[i] for i in st) for st in partition.block_partition(heavy, 3)) == 10
+
+
+class _Repeated(tf_keras.layers.Layer):
+    """A layer whose cost is a knob: `reps` square matmuls of the same width."""
+
+    def __init__(self, reps, **kwargs):
+        super().__init__(**kwargs)
+        self.reps = reps
+
+    def build(self, shape):
+        self.w = self.add_weight("w", (shape[-1], shape[-1]), initializer="orthogonal")
+
+    def call(self, x):
+        for _ in range(self.reps):
+            x = tf.tanh(x @ self.w)
+        return x
+
+
+def test_profiled_balance_follows_deliberately_unequal_costs():
+    from components.trainer.gpipe.profile import layer_costs
+
+    # Costs about [10, 10, 1, 1, 1, 1]: the best 2-way split (max 14) beats the next (max 20) by a
+    # margin that timing noise cannot flip.
+    layers = [_Repeated(r) for r in (10, 10, 1, 1, 1, 1)]
+    costs = layer_costs(layers, tf.random.normal([256, 256]), repeats=5)
+    assert min(costs[:2]) > 4 * max(costs[2:]), costs
+    assert partition.block_partition(costs, 2) == [[0], [1, 2, 3, 4, 5]]
+    assert partition.block_partition(costs, 3) == [[0], [1], [2, 3, 4, 5]]
+    pipe = PipelineModel(layers, num_stages=2, num_micro_batches=2, balance="time", layer_costs=costs)
+    pipe(tf.zeros([2, 256]))
+    assert [len(stage) for stage in pipe.stages] == [1, 5]
+
+
+@pytest.mark.parametrize("k, m", [(2, 4), (4, 8), (3, 1)])
+def test_schedule_shapes(k, m):
+    g = schedule.simulate(schedule.gpipe(k, m))
+    assert g.forward_cycles() == m + k - 1
+    assert g.bubble == pytest.approx((k - 1) / (m + k - 1))
+    f = schedule.simulate(schedule.one_f_one_b(k, m))
+    assert all(f.max_in_flight(s) <= k for s in range(k))
+    assert max(f.max_in_flight(s) for s in range(k)) < max(g.max_in_flight(s) for s in range(k)) or m <= k
+    for order in (schedule.gpipe(k, m), schedule.one_f_one_b(k, m)):
+        for ops in order:
+            assert sorted(ops) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+
+
+def _layers():
+    return [tf_keras.layers.Dense(12, activation="tanh") for _ in range(4)] + [tf_keras.layers.Dense(3)]
+
+
+def _data(n=32, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 6)).astype("float32"), rng.integers(0, 3, size=(n,))
+
+
+def _pair(k, m, remat="never", swap=False, schedule_name="gpipe", balance=None):
+    tf_keras.utils.set_random_seed(1)
+    plain = tf_keras.Sequential(_layers())
+    plain.build((None, 6))
+    pipe = PipelineModel(_layers(), num_stages=k, num_micro_batches=m, balance=balance or BALANCES[k],
+                         remat=remat, swap=swap, schedule_name=schedule_name)
+    pipe(tf.zeros([1, 6]))
+    pipe.set_weights(plain.get_weights())
+    for model in (plain, pipe):
+        model.compile(tf_keras.optimizers.SGD(LR),
+                      tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return plain, pipe
+
+
+CASES = list(itertools.product([1, 2, 4], [1, 4], ["always", "except_last", "never"], [False, True]))
+
+
+@pytest.mark.parametrize("k, m, remat, swap", CASES)
+def test_one_step_matches_the_plain_model(k, m, remat, swap):
+    plain, pipe = _pair(k, m, remat, swap)
+    x, y = _data()
+    before = plain.get_weights()
+    plain.train_on_batch(x, y)
+    pipe.train_on_batch(x, y)
+    for w0, wp, wq in zip(before, plain.get_weights(), pipe.get_weights()):
+        np.testing.assert_allclose((w0 - wq) / LR, (w0 - wp) / LR, rtol=1e-5, atol=4e-5)  # gradients
+        np.testing.assert_allclose(wq, wp, rtol=1e-5, atol=4e-5)  # parameters
+    assert max(np.abs(a - b).max() for a, b in zip(before, plain.get_weights())) > 1e-3
+    counts = pipe.trace_counts
+    assert all(counts[("F", s)] == m and counts[("B", s)] == m for s in range(k))
+    expected_recompute = {"always": m, "except_last": m - 1, "never": 0}[remat]
+    assert all(counts[("R", s)] == expected_recompute for s in range(k))
+
+
+def test_1f1b_matches_the_plain_model():
+    plain, pipe = _pair(4, 8, remat="except_last", schedule_name="1f1b")
+    x, y = _data()
+    plain.train_on_batch(x, y)
+    pipe.train_on_batch(x, y)
+    for wp, wq in zip(plain.get_weights(), pipe.get_weights()):
+        np.testing.assert_allclose(wq, wp, rtol=1e-5, atol=4e-5)
+
+
+def test_stage_variables_live_on_their_devices():
+    _, pipe = _pair(4, 2)
+    for s in range(4):
+        for v in pipe.stage_variables(s):
+            assert v.device.endswith(pipe.devices[s].split("device:")[-1]), (v.name, v.device, pipe.devices[s])
+    assert len({pipe.devices[s] for s in range(4)}) == 4
+
+
+def test_loss_curves_match_on_penguins(penguin_outputs):
+    import tensorflow_transform as tft
+
+    out = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"])
+    files = tf.io.gfile.glob(os.path.join(penguin_outputs["Transform"]["transformed_examples"], "Split-train", "*"))
+    spec = out.transformed_feature_spec()
+    rows = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    names = ["bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"]
+    x = np.stack([[float(r[n]) for n in names] for r in rows]).astype("float32")
+    x = np.concatenate([x, x[:, :2] * x[:, 2:]], axis=1)  # 6 inputs, as the test layers expect
+    y = np.array([int(r["species"]) for r in rows])
+    plain, pipe = _pair(2, 4, remat="except_last")
+    a = plain.fit(x, y, batch_size=32, epochs=4, shuffle=False, verbose=0).history["loss"]
+    b = pipe.fit(x, y, batch_size=32, epochs=4, shuffle=False, verbose=0).history["loss"]
+    np.testing.assert_allclose(b, a, rtol=1e-4)
+    assert a[-1] < a[0]
+
+
+def test_batchnorm_uses_micro_batch_statistics_and_moves_once_per_micro_batch():
+    x, y = _data()
+    for m in (1, 4):
+        pipe = PipelineModel([tf_keras.layers.BatchNormalization(momentum=0.5), tf_keras.layers.Dense(3)],
+                             num_stages=2, num_micro_batches=m, balance=[1, 1], remat="always")
+        pipe(tf.zeros([1, 6]))
+        pipe.compile(tf_keras.optimizers.SGD(LR),
+                     tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        pipe.train_on_batch(x, y)
+        expected = np.zeros(6)
+        for chunk in np.array_split(x, m):
+            expected = 0.5 * expected + 0.5 * chunk.mean(axis=0)
+        np.testing.assert_allclose(pipe.pipeline_layers[0].moving_mean.numpy(), expected, atol=1e-5)
+
+
+def test_fit_with_backup_and_restore_and_savedmodel_export(tmp_path):
+    _, pipe = _pair(2, 4, remat="except_last")
+    x, y = _data(64)
+    history = pipe.fit(x, y, batch_size=16, epochs=3, verbose=0,
+                       callbacks=[tf_keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))])
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    pipe.save(str(tmp_path / "model"), save_format="tf")
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    np.testing.assert_allclose(loaded(tf.constant(x[:5]), training=False).numpy(), pipe.predict(x[:5], verbose=0),
+                               rtol=1e-5, atol=1e-6)
