@@ -74,6 +74,53 @@ def build_model(tf_transform_output, learning_rate: float, accumulation_steps: i
     return model
 
 
+def _feature_layer(tf_transform_output):
+    import tf_keras
+
+    depths = {name: tf_transform_output.vocabulary_size_by_name(name) + 1 for name in CATEGORICAL_FEATURES}
+
+    class EncodeFeatures(tf_keras.layers.Layer):
+        """The dict of transformed features -> one dense vector (the first pipeline stage)."""
+
+        def call(self, features):
+            numeric = [tf.reshape(tf.cast(features[n], tf.float32), [-1, 1]) for n in NUMERIC_FEATURES]
+            onehot = [tf.one_hot(features[n], depths[n]) for n in CATEGORICAL_FEATURES]
+            return tf.concat(numeric + onehot, axis=1)
+
+    return EncodeFeatures(name="encode_features")
+
+
+def build_pipeline_model(tf_transform_output, hp):
+    """The same MLP as a GPipe PipelineModel over K stages and M micro-batches."""
+    import tf_keras
+
+    from components.trainer.gpipe.pipeline_model import PipelineModel
+
+    classes = tf_transform_output.vocabulary_size_by_name(LABEL_KEY)
+    layers = [_feature_layer(tf_transform_output), tf_keras.layers.Dense(16, activation="relu"),
+              tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(classes, activation="softmax")]
+    k = int(hp.get("pipeline_stages", 2))
+    model = PipelineModel(layers, num_stages=k, num_micro_batches=int(hp.get("micro_batches", 4)),
+                          balance=hp.get("balance", [2, 2] if k == 2 else [1] * k),
+                          remat=hp.get("remat", "except_last"), schedule_name=hp.get("schedule", "gpipe"),
+                          swap=bool(hp.get("swap", False)))
+    model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _record_pipeline(model, sample, model_run_dir):
+    """K, M, the balance, profiled per-stage costs and the bubble they imply, for the run record."""
+    from components.trainer.gpipe import profile
+
+    costs = profile.layer_costs(model.pipeline_layers, sample, repeats=3)
+    stage_costs = profile.stage_costs(costs, model.stages)
+    record = dict(model.describe(), stage_costs_s=stage_costs,
+                  measured_bubble=profile.measured_bubble(model.order, stage_costs))
+    with open(os.path.join(model_run_dir, "gpipe.json"), "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=2)
+
+
 def estimate_model_memory(hyperparameters):
     """The Trainer's strategy planner asks for this: about 300 parameters, tiny activations."""
     from components.trainer.plan import ModelMemory
@@ -117,7 +164,11 @@ def run_fn(fn_args):
 
     evaluation = _dataset(fn_args, fn_args.eval_files, tf_transform_output, hp["batch_size"], hp["seed"], False)
     with strategy.scope():
-        model = build_model(tf_transform_output, hp["learning_rate"], accumulation)
+        if strategy_name == "gpipe":
+            model = build_pipeline_model(tf_transform_output, hp)
+            model(next(iter(evaluation))[0])  # create each stage's variables on its device, outside fit
+        else:
+            model = build_model(tf_transform_output, hp["learning_rate"], accumulation)
     os.makedirs(fn_args.model_run_dir, exist_ok=True)
     callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
                                    config.get("backup_save_freq", "epoch"))
@@ -137,6 +188,8 @@ def run_fn(fn_args):
         train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
                   validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
+    if strategy_name == "gpipe":
+        _record_pipeline(model, next(iter(evaluation))[0], fn_args.model_run_dir)
     results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
     with open(os.path.join(fn_args.model_run_dir, "eval_metrics.json"), "w", encoding="utf-8") as handle:
         json.dump({k: float(v) for k, v in results.items()}, handle)

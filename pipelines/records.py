@@ -86,6 +86,12 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     plan = properties.get("plan")
     if plan:
         tags += [RunTag("hpml.strategy", plan["strategy"]), RunTag("hpml.plan", "; ".join(plan["reasons"]))]
+    gpipe = properties.get("gpipe")
+    if gpipe:
+        tags += [RunTag(f"gpipe.{k}", str(gpipe[k])) for k in ("num_stages", "num_micro_batches", "balance",
+                                                                 "remat", "schedule", "stage_costs_s")]
+        metrics += [Metric("gpipe.expected_bubble", gpipe["expected_bubble"], now, 0),
+                    Metric("gpipe.measured_bubble", gpipe["measured_bubble"], now, 0)]
     launch = properties.get("launch")
     if launch:
         metrics += [Metric("restarts", launch["restarts"], now, 0), Metric("steps_lost", launch["steps_lost"], now, 0),
@@ -93,7 +99,7 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     mlflow_client = client()
     mlflow_client.log_batch(mlflow_run_id, metrics=metrics, tags=tags)
     for name, uri in outputs.items():
-        for small in ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "input_pipeline.json", "plan.json"):
+        for small in ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "input_pipeline.json", "plan.json", "gpipe.json"):
             path = os.path.join(uri, small)
             if os.path.isfile(path):
                 mlflow_client.log_artifact(mlflow_run_id, path, artifact_path=f"{node_id}/{name}")

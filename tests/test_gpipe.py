@@ -171,3 +171,24 @@ def test_fit_with_backup_and_restore_and_savedmodel_export(tmp_path):
     loaded = tf.saved_model.load(str(tmp_path / "model"))
     np.testing.assert_allclose(loaded(tf.constant(x[:5]), training=False).numpy(), pipe.predict(x[:5], verbose=0),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_trainer_gpipe_strategy_records_the_pipeline_and_serves(penguin_outputs, tmp_path):
+    from components.trainer import TRAINER
+
+    outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "run")}
+    result = TRAINER.run({"examples": penguin_outputs["Transform"]["transformed_examples"],
+                          "transform_graph": penguin_outputs["Transform"]["transform_graph"],
+                          "schema": penguin_outputs["ExampleGen"]["schema"]}, outputs, {
+        "module": "pipelines.penguin_module", "strategy": "gpipe",
+        "hyperparameters": {"epochs": 3, "batch_size": 16, "micro_batches": 4, "learning_rate": 0.02}})
+    record = result["gpipe"]
+    assert record["num_stages"] == 2 and record["num_micro_batches"] == 4 and record["balance"] == [2, 2]
+    assert len(record["stage_costs_s"]) == 2 and all(c > 0 for c in record["stage_costs_s"])
+    assert record["expected_bubble"] == pytest.approx(0.2) and 0.2 <= record["measured_bubble"] < 0.6
+    losses = [row["loss"] for row in result["history"]]
+    assert losses[-1] < losses[0]
+    serve = tf.saved_model.load(os.path.join(outputs["model"], "Format-Serving")).signatures["serving_default"]
+    files = tf.io.gfile.glob(os.path.join(penguin_outputs["ExampleGen"]["examples"], "Split-eval", "*.gz"))
+    raw = next(iter(tf.data.TFRecordDataset(files, compression_type="GZIP").batch(8)))
+    assert serve(examples=raw)["classes"].shape == (8,)

@@ -108,8 +108,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         history = read_metrics(run_dir)
         eval_path = os.path.join(run_dir, EVAL_METRICS_FILE)
         eval_metrics = json.load(open(eval_path, encoding="utf-8")) if os.path.exists(eval_path) else {}
+        gpipe_path = os.path.join(run_dir, "gpipe.json")
+        gpipe = json.load(open(gpipe_path, encoding="utf-8")) if os.path.exists(gpipe_path) else None
     shutil.rmtree(working_dir, ignore_errors=True)
-    return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(),
+    return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
             "launch": launch.to_dict() if launch else None}
 
 

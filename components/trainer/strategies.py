@@ -13,7 +13,7 @@ STRATEGIES = (
     "multi_worker_mirrored", "parameter_server", "tpu", "gpipe",
 )
 # Strategies tf_keras's BackupAndRestore accepts (it refuses OneDevice, CentralStorage and PS).
-BACKUP_CAPABLE = ("one_device", "mirrored", "multi_worker_mirrored", "tpu")
+BACKUP_CAPABLE = ("one_device", "mirrored", "multi_worker_mirrored", "tpu", "gpipe")
 
 _EXTRA_BUILDERS: dict[str, Callable] = {}
 
@@ -55,7 +55,9 @@ def make_strategy(name: str):
 def _make(name: str, tf):
     if name in _EXTRA_BUILDERS:
         return _EXTRA_BUILDERS[name]()
-    if name == "one_device":
+    if name in ("one_device", "gpipe"):
+        # gpipe is model parallelism inside one process: the PipelineModel places its stages
+        # itself, so the surrounding strategy is the default one.
         # tf_keras's BackupAndRestore refuses OneDeviceStrategy, and backups are always on.
         # The default strategy places everything on one device (GPU:0 when there is one),
         # which is what OneDeviceStrategy would do here.

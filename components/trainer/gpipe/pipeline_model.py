@@ -100,6 +100,9 @@ class PipelineModel(tf_keras.Model):
         return self.remat == "always" or (self.remat == "except_last" and m < self.num_micro_batches - 1)
 
     def train_step(self, data):
+        if self.stages is None:
+            raise SpecError("PipelineModel must be built before training: call it once on a sample batch, "
+                            "so each stage's variables are created on its device")
         x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
         k, num_micro = self.num_stages, self.num_micro_batches
         batch = tf.shape(tf.nest.flatten(x)[0])[0]

@@ -12,11 +12,12 @@ def layer_costs(layers, sample, repeats: int = 5) -> list[float]:
     for layer in layers:
         @tf.function
         def step(inp, layer=layer):
+            floats = [t for t in tf.nest.flatten(inp) if t.dtype.is_floating]
             with tf.GradientTape() as tape:
-                tape.watch(inp)
+                tape.watch(floats)
                 out = layer(inp, training=True)
                 total = tf.reduce_sum(out)
-            return out, tape.gradient(total, [inp] + layer.trainable_variables)
+            return out, tape.gradient(total, floats + layer.trainable_variables)
 
         out, _ = step(x)  # build and trace
         times = []
@@ -28,3 +29,14 @@ def layer_costs(layers, sample, repeats: int = 5) -> list[float]:
         costs.append(sorted(times)[len(times) // 2])
         x = out
     return costs
+
+
+def stage_costs(costs: list[float], stages: list[list[int]]) -> list[float]:
+    return [sum(costs[i] for i in stage) for stage in stages]
+
+
+def measured_bubble(order, forward_costs: list[float]) -> float:
+    """The idle fraction of the schedule when each stage takes its measured time (backward = 2x)."""
+    from components.trainer.gpipe import schedule
+
+    return schedule.simulate(order, forward_cost=forward_costs).bubble
