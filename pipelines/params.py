@@ -39,6 +39,17 @@ def training_params_schema(default_data_path: str) -> dict:
                 "title": "Distribution strategy",
                 "description": "tf.distribute strategy, or gpipe; auto picks one from the devices and cluster.",
             },
+            "num_workers": {
+                "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
+                "title": "Workers",
+                "description": "Trainer worker processes (local launcher, loopback). More than 1 needs strategy "
+                               "auto or multi_worker_mirrored.",
+            },
+            "gradient_accumulation_steps": {
+                "type": "integer", "minimum": 1, "maximum": 64, "default": 1,
+                "title": "Gradient accumulation steps",
+                "description": "Split each batch into this many micro-batches and apply one summed update.",
+            },
             "skip_bad_rows": {
                 "type": "boolean", "default": False,
                 "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing.",

@@ -23,7 +23,8 @@ def test_dagbag_imports_the_penguin_dag(airflow_db):
     outlets = dag.task_dict["Trainer"].outlets
     assert [a.name for a in outlets] == ["penguin.model"]
     form = dag.params.dump()
-    assert set(form) == {"data_path", "epochs", "batch_size", "learning_rate", "strategy", "skip_bad_rows"}
+    assert set(form) == {"data_path", "epochs", "batch_size", "learning_rate", "strategy", "skip_bad_rows",
+                         "num_workers", "gradient_accumulation_steps"}
     schema = dag.params.get_param("strategy").schema
     assert "mirrored" in schema["enum"] and schema["title"]
     assert "epochs" in dag.doc_md and "Distribution strategy" in dag.doc_md

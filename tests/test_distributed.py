@@ -131,3 +131,57 @@ def test_worker_count_needs_a_cluster_strategy(penguin_outputs, tmp_path):
     with pytest.raises(SpecError, match="needs strategy multi_worker_mirrored or parameter_server"):
         TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "x"),
                     {"module": TOY, "num_workers": 2, "strategy": "mirrored"})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as handle:  # a zombie is gone for our purposes
+        return handle.read().split()[2] != "Z"
+
+
+def test_no_process_outlives_a_failed_job(penguin_outputs, tmp_path):
+    bad = tmp_path / "crash_late.py"
+    bad.write_text("import os, time\n"
+                   "def run_fn(fn_args):\n"
+                   "    from components.trainer.strategies import make_strategy, is_chief\n"
+                   "    make_strategy(fn_args.custom_config['strategy'])\n"
+                   "    if is_chief():\n"
+                   "        raise SystemExit(3)\n"
+                   "    time.sleep(120)\n")
+    outputs = _out(tmp_path, "late")
+    with pytest.raises(LaunchError, match="exited with code 3"):
+        TRAINER.run(_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 0})
+    pids = json.load(open(outputs["model"] + ".work/pids.json"))
+    assert set(pids) == {"worker-0", "worker-1"}
+    time.sleep(0.5)
+    assert not any(_alive(pid) for pid in pids.values()), "the sleeping worker must have been stopped"
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    import subprocess
+    import sys
+
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ndef run_fn(fn_args):\n    time.sleep(120)\n")
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"module": str(sleeper), "run_fn": "run_fn", "strategy": "one_device",
+                               "fn_args": {"working_dir": str(tmp_path), "train_files": [], "eval_files": [],
+                                           "train_steps": None, "eval_steps": None, "schema_path": None,
+                                           "transform_graph_path": None, "serving_model_dir": str(tmp_path / "m"),
+                                           "eval_model_dir": str(tmp_path / "e"), "model_run_dir": str(tmp_path),
+                                           "base_model": None, "hyperparameters": {}, "custom_config": {}}}))
+    script = ("import sys; from components.trainer.launchers.local import LocalLauncher; "
+              f"LocalLauncher(2, max_restarts=0).run({str(job)!r}, {str(tmp_path)!r})")
+    launcher = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while not (tmp_path / "pids.json").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    pids = json.load(open(tmp_path / "pids.json"))
+    assert len(pids) == 2 and all(_alive(p) for p in pids.values())
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=30) != 0
+    time.sleep(0.5)
+    assert not any(_alive(pid) for pid in pids.values())

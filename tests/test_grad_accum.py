@@ -38,7 +38,8 @@ def test_accumulated_update_equals_full_batch_update(strategy_name):
     if strategy_name == "one_device":
         strategy = tf.distribute.get_strategy()
     else:
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                                  cross_device_ops=tf.distribute.ReductionToOneDevice())
         assert strategy.num_replicas_in_sync == 2
     with strategy.scope():
         accumulating = _build(GradientAccumulationModel, accumulation_steps=K)

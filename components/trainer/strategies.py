@@ -36,6 +36,13 @@ def local_devices() -> list[str]:
 _CLUSTER_STRATEGY: dict[str, object] = {}
 
 
+def _cpu_reduction(tf):
+    """On CPU devices, reduce through one device instead of collectives. Collective all-reduce
+    gains nothing there, and two MirroredStrategy instances with different device counts in one
+    process collide on collective group keys (TF 2.21). GPUs keep TF's default (NCCL)."""
+    return None if tf.config.list_logical_devices("GPU") else tf.distribute.ReductionToOneDevice()
+
+
 def make_strategy(name: str):
     """The strategy for `name`; `auto` must have been resolved by a Plan before this.
 
@@ -63,7 +70,7 @@ def _make(name: str, tf):
         # which is what OneDeviceStrategy would do here.
         return tf.distribute.get_strategy()
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy(local_devices())
+        return tf.distribute.MirroredStrategy(local_devices(), cross_device_ops=_cpu_reduction(tf))
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(local_devices(), parameter_device="/cpu:0")
     if name == "multi_worker_mirrored":

@@ -99,6 +99,18 @@ class PipelineModel(tf_keras.Model):
     def _remat(self, m):
         return self.remat == "always" or (self.remat == "except_last" and m < self.num_micro_batches - 1)
 
+    def _taped_forward(self, s, x_in, y, sample_weight, share):
+        """Stage s's forward under a tape; the last stage also computes its share of the loss."""
+        tape = tf.GradientTape()
+        with tape:
+            if s > 0:
+                tape.watch(x_in)
+            y_out = self._stage_forward(s, x_in, True)
+            loss = None
+            if s == self.num_stages - 1:
+                loss = share * self.compute_loss(None, y, y_out, sample_weight)
+        return tape, y_out, loss
+
     def train_step(self, data):
         if self.stages is None:
             raise SpecError("PipelineModel must be built before training: call it once on a sample batch, "
@@ -136,14 +148,8 @@ class PipelineModel(tf_keras.Model):
                         if s == k - 1:
                             self.compiled_metrics.update_state(piece(y, m), y_out, piece(sample_weight, m))
                     else:
-                        tape = tf.GradientTape()
-                        with tape:
-                            if s > 0:
-                                tape.watch(x_in)
-                            y_out = self._stage_forward(s, x_in, True)
-                            loss = None
-                            if s == k - 1:
-                                loss = shares[m] * self.compute_loss(None, piece(y, m), y_out, piece(sample_weight, m))
+                        tape, y_out, loss = self._taped_forward(s, x_in, piece(y, m), piece(sample_weight, m),
+                                                                shares[m])
                         tapes[(s, m)] = (tape, x_in, y_out, loss)
                         if s == k - 1:
                             self.compiled_metrics.update_state(piece(y, m), y_out, piece(sample_weight, m))
@@ -157,14 +163,8 @@ class PipelineModel(tf_keras.Model):
                         if self.swap:
                             x_in = tf.nest.map_structure(tf.identity, x_in)  # back onto this stage's device
                         state = [v.read_value() for v in self.stage_variables(s, trainable=False)]
-                        tape = tf.GradientTape()
-                        with tape:
-                            if s > 0:
-                                tape.watch(x_in)
-                            y_out = self._stage_forward(s, x_in, True)
-                            loss = None
-                            if s == k - 1:
-                                loss = shares[m] * self.compute_loss(None, piece(y, m), y_out, piece(sample_weight, m))
+                        tape, y_out, loss = self._taped_forward(s, x_in, piece(y, m), piece(sample_weight, m),
+                                                                shares[m])
                         with tf.control_dependencies([y_out]):  # recomputation must not move BN statistics
                             restores = [v.assign(value) for v, value in
                                         zip(self.stage_variables(s, trainable=False), state)]
