@@ -43,16 +43,16 @@ class _Repeated(tf_keras.layers.Layer):
 def test_profiled_balance_follows_deliberately_unequal_costs():
     from components.trainer.gpipe.profile import layer_costs
 
-    # Costs about [10, 10, 1, 1, 1, 1]: the best 2-way split (max 14) beats the next (max 20) by a
-    # margin that timing noise cannot flip.
-    layers = [_Repeated(r) for r in (10, 10, 1, 1, 1, 1)]
+    # Costs about [12, 12, 1, 1] (plus a fixed per-call overhead): the best 2-way split [[0], [1, 2, 3]]
+    # (max ~ 12 + 2 light layers) beats the next, [[0, 1], [2, 3]] (max ~ 24), by a margin that
+    # timing noise on a busy machine cannot flip.
+    layers = [_Repeated(r) for r in (12, 12, 1, 1)]
     costs = layer_costs(layers, tf.random.normal([256, 256]), repeats=5)
-    assert min(costs[:2]) > 4 * max(costs[2:]), costs
-    assert partition.block_partition(costs, 2) == [[0], [1, 2, 3, 4, 5]]
-    assert partition.block_partition(costs, 3) == [[0], [1], [2, 3, 4, 5]]
+    assert min(costs[:2]) > 2 * max(costs[2:]), costs
+    assert partition.block_partition(costs, 2) == [[0], [1, 2, 3]]
     pipe = PipelineModel(layers, num_stages=2, num_micro_batches=2, balance="time", layer_costs=costs)
     pipe(tf.zeros([2, 256]))
-    assert [len(stage) for stage in pipe.stages] == [1, 5]
+    assert [len(stage) for stage in pipe.stages] == [1, 3]
 
 
 @pytest.mark.parametrize("k, m", [(2, 4), (4, 8), (3, 1)])
