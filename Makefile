@@ -27,5 +27,11 @@ run: env
 test: env
 	$(VENV)/bin/python -m pytest
 
+# Benchmarks write benchmarks/results/*.json|md (and benchmarks/distillation.md); the README quotes them.
+bench: env
+	$(VENV)/bin/python benchmarks/distributed.py
+	$(VENV)/bin/python benchmarks/gpipe.py
+	$(VENV)/bin/python benchmarks/distillation.py
+
 clean:
 	rm -rf .hpml $(VENV) $(TOOLS)
