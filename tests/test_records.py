@@ -1,0 +1,32 @@
+"""The run record (real SQLite MLflow store): Trainer properties land as the documented fields."""
+from pipelines import records
+
+
+def test_trainer_properties_become_run_record_fields(tmp_path):
+    model_run = tmp_path / "model_run"
+    model_run.mkdir()
+    (model_run / "plan.json").write_text('{"strategy": "multi_worker_mirrored"}')
+    run_id = records.start("record_test", "run-1", {"epochs": 2}, {"airflow.dag_id": "d"})
+    properties = {
+        "history": [{"epoch": 1, "loss": 0.9, "accuracy": 0.5}, {"epoch": 2, "loss": 0.4, "accuracy": 0.8}],
+        "eval_metrics": {"accuracy": 0.75},
+        "plan": {"strategy": "multi_worker_mirrored", "reasons": ["2 workers and no parameter servers"]},
+        "launch": {"restarts": 1, "steps_lost": 4, "recovery_seconds": [12.5], "failures": ["worker-1 ..."]},
+        "gpipe": {"num_stages": 2, "num_micro_batches": 4, "balance": [2, 2], "remat": "always",
+                  "schedule": "gpipe", "stage_costs_s": [0.1, 0.2], "expected_bubble": 0.2, "measured_bubble": 0.25},
+    }
+    records.log_node(run_id, "Trainer", {"model_run": str(model_run)}, properties, seconds=3.0)
+    records.finish(run_id)
+    summary = records.load(run_id)
+    run = records.client().get_run(run_id)
+    metrics, tags = run.data.metrics, run.data.tags
+    assert summary.status == "FINISHED" and summary.params == {"epochs": "2"}
+    assert summary.durations == {"Trainer": 3.0} and summary.eval_metrics == {"accuracy": 0.75}
+    assert records.history(run_id, "loss") == [(1, 0.9), (2, 0.4)]
+    assert (metrics["restarts"], metrics["steps_lost"], metrics["recovery_seconds"]) == (1, 4, 12.5)
+    assert tags["hpml.strategy"] == "multi_worker_mirrored" and "2 workers" in tags["hpml.plan"]
+    assert tags["gpipe.num_stages"] == "2" and tags["gpipe.balance"] == "[2, 2]"
+    assert metrics["gpipe.measured_bubble"] == 0.25 and metrics["gpipe.expected_bubble"] == 0.2
+    assert summary.outputs == {"Trainer": {"model_run": str(model_run)}}
+    logged = {a.path for a in records.client().list_artifacts(run_id, "Trainer/model_run")}
+    assert logged == {"Trainer/model_run/plan.json"}
