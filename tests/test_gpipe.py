@@ -192,3 +192,15 @@ def test_trainer_gpipe_strategy_records_the_pipeline_and_serves(penguin_outputs,
     files = tf.io.gfile.glob(os.path.join(penguin_outputs["ExampleGen"]["examples"], "Split-eval", "*.gz"))
     raw = next(iter(tf.data.TFRecordDataset(files, compression_type="GZIP").batch(8)))
     assert serve(examples=raw)["classes"].shape == (8,)
+
+
+def test_params_balance_without_costs_is_refused_for_unbuilt_layers():
+    from components.errors import SpecError
+
+    pipe = PipelineModel(_layers(), num_stages=2, num_micro_batches=2, balance="params")
+    with pytest.raises(SpecError, match="balance='params' needs layer_costs"):
+        pipe(tf.zeros([1, 6]))
+    with_costs = PipelineModel(_layers(), num_stages=2, num_micro_batches=2, balance="params",
+                               layer_costs=[84, 156, 156, 156, 39])
+    with_costs(tf.zeros([1, 6]))
+    assert [len(stage) for stage in with_costs.stages] == [2, 3]

@@ -19,8 +19,8 @@ def test_transform_graph_layout(penguin_outputs):
     assert os.path.isfile(os.path.join(graph, "metadata", "schema.pbtxt"))
     assert not glob.glob(os.path.join(graph, ".tft_tmp*")), "analyzer scratch space must be cleaned up"
     out = tft.TFTransformOutput(graph)
-    assert [v.decode() for v in out.vocabulary_by_name("species")] == sorted(
-        ["Adelie", "Gentoo", "Chinstrap"], key=["Adelie", "Gentoo", "Chinstrap"].index)
+    # Most frequent first: Adelie 152, Gentoo 124, Chinstrap 68 penguins.
+    assert [v.decode() for v in out.vocabulary_by_name("species")] == ["Adelie", "Gentoo", "Chinstrap"]
     assert "species" in out.raw_feature_spec()
 
 

@@ -106,13 +106,19 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         with open(os.path.join(run_dir, "plan.json"), "w", encoding="utf-8") as handle:
             json.dump(plan.to_dict(), handle, indent=2)
         history = read_metrics(run_dir)
-        eval_path = os.path.join(run_dir, EVAL_METRICS_FILE)
-        eval_metrics = json.load(open(eval_path, encoding="utf-8")) if os.path.exists(eval_path) else {}
-        gpipe_path = os.path.join(run_dir, "gpipe.json")
-        gpipe = json.load(open(gpipe_path, encoding="utf-8")) if os.path.exists(gpipe_path) else None
+        eval_metrics = _read_json(os.path.join(run_dir, EVAL_METRICS_FILE)) or {}
+        gpipe = _read_json(os.path.join(run_dir, "gpipe.json"))
     shutil.rmtree(working_dir, ignore_errors=True)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
             "launch": launch.to_dict() if launch else None}
+
+
+def _read_json(path: str):
+    """A JSON file the run_fn may have written, or None."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
 
 
 def _launch_local(fn_args: FnArgs, params, plan):

@@ -76,20 +76,22 @@ class PipelineModel(tf_keras.Model):
 
     def call(self, inputs, training=False):
         if self.stages is None:
-            self._partition_by_shapes(inputs)
+            self._check_balance_source()
+            self._partition()
         x = inputs
         for s in range(self.num_stages):
             with tf.device(self.devices[s]):  # first call builds each stage's variables here
                 x = self._stage_forward(s, x, training)
         return x
 
-    def _partition_by_shapes(self, inputs):
-        """Layers must be built to count parameters: build them once on CPU shapes, then split."""
-        if self.balance == "params" and self._layer_costs is None:
-            if not all(l.built for l in self.pipeline_layers):
-                raise SpecError("balance='params' needs built layers (build the Sequential first), "
-                                "or give layer_costs or an explicit balance")
-        self._partition()
+    def _check_balance_source(self):
+        """balance='params' counts parameters, which unbuilt layers do not have yet. Layers built
+        elsewhere already hold their variables on the device they were built on, so the clean
+        way is to pass their costs (e.g. parameter counts) as layer_costs, or explicit counts."""
+        if self.balance == "params" and self._layer_costs is None and not all(l.built for l in self.pipeline_layers):
+            raise SpecError("balance='params' needs layer_costs (e.g. each layer's parameter count) for unbuilt layers",
+                            hint="or give an explicit balance such as [2, 2]; pre-built layers keep the device "
+                                 "they were built on")
 
     def stage_variables(self, s, trainable=True):
         attr = "trainable_variables" if trainable else "non_trainable_variables"
