@@ -150,6 +150,7 @@ def run_fn(fn_args):
     """Train the penguin classifier under the planned strategy and export it for serving."""
     import tf_keras
 
+    from components.input_pipeline.stall import record_input_stall
     from components.trainer.callbacks import standard_callbacks
     from components.trainer.export import export_serving_model
     from components.trainer.strategies import make_strategy
@@ -188,6 +189,8 @@ def run_fn(fn_args):
         train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
                   validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
+        if strategy_name != "multi_worker_mirrored":  # workers would have to time their steps in lockstep
+            record_input_stall(model, train, fn_args.model_run_dir, steps=min(30, 2 * steps))
     if strategy_name == "gpipe":
         _record_pipeline(model, next(iter(evaluation))[0], fn_args.model_run_dir)
     results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)

@@ -61,6 +61,11 @@ def start(pipeline_name: str, run_id: str, params: Mapping[str, Any], tags: Mapp
     return run.info.run_id
 
 
+# Files small enough to copy into the MLflow run beside the artifact URIs.
+SMALL_ARTIFACTS = ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "plan.json", "gpipe.json",
+                   "input_pipeline.json", "input_stall.json", "stages.json", "stages.png")
+
+
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -96,10 +101,21 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     if launch:
         metrics += [Metric("restarts", launch["restarts"], now, 0), Metric("steps_lost", launch["steps_lost"], now, 0),
                     Metric("recovery_seconds", sum(launch["recovery_seconds"]), now, 0)]
+    stall = properties.get("input_stall")
+    if stall:
+        metrics += [Metric("input_stall_fraction", stall["stall_fraction"], now, 0),
+                    Metric("input_step_seconds", stall["real_step_s"], now, 0),
+                    Metric("in_memory_step_seconds", stall["in_memory_step_s"], now, 0)]
+    if "skipped_shards" in properties:
+        metrics.append(Metric("skipped_shards", len(properties["skipped_shards"]), now, 0))
+    pipeline = properties.get("input_pipeline")
+    if pipeline:
+        tags.append(RunTag("hpml.input_pipeline", pipeline["recommendation"]))
+        tags += [RunTag(f"input_pipeline.{k}", str(v)) for k, v in pipeline["decisions"].items()]
     mlflow_client = client()
     mlflow_client.log_batch(mlflow_run_id, metrics=metrics, tags=tags)
     for name, uri in outputs.items():
-        for small in ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "input_pipeline.json", "plan.json", "gpipe.json"):
+        for small in SMALL_ARTIFACTS:
             path = os.path.join(uri, small)
             if os.path.isfile(path):
                 mlflow_client.log_artifact(mlflow_run_id, path, artifact_path=f"{node_id}/{name}")

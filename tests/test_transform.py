@@ -9,7 +9,7 @@ import tensorflow_transform as tft
 
 from components.errors import InputDataError, SpecError
 from components.transform import TRANSFORM
-from components.transform import input_pipeline
+from components import input_pipeline
 
 
 def test_transform_graph_layout(penguin_outputs):

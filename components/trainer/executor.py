@@ -13,7 +13,10 @@ from components import artifacts
 from components.errors import SpecError
 from components.trainer import plan as plan_mod
 from components.trainer.callbacks import read_metrics
-from components.trainer.fn_args import FnArgs, tfxio_data_accessor
+from components.input_pipeline import read_spec
+from components.input_pipeline.shards import explain_read_error
+from components.input_pipeline.stall import STALL_FILE
+from components.trainer.fn_args import FnArgs, make_data_accessor
 from components.user_module import load_function
 
 log = logging.getLogger("hpml.trainer")
@@ -69,6 +72,9 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         raise SpecError(f"num_workers={params['num_workers']}, num_ps={params['num_ps']} needs strategy "
                         f"multi_worker_mirrored or parameter_server, not {plan.strategy}")
 
+    skipped_shards: dict[str, str] = {}
+    spec = read_spec(inputs["input_pipeline"]) if inputs.get("input_pipeline") else None
+    data_accessor = make_data_accessor(inputs.get("input_pipeline"), skipped_shards)
     working_dir = working_dir_for(outputs["model"])
     os.makedirs(working_dir, exist_ok=True)
     launch = None
@@ -81,7 +87,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             eval_steps=params["eval_steps"] or None,
             schema_path=artifacts.schema_path(inputs["schema"]) if inputs.get("schema") else None,
             transform_graph_path=inputs.get("transform_graph"),
-            data_accessor=tfxio_data_accessor(),
+            data_accessor=data_accessor,
             serving_model_dir=artifacts.serving_model_path(model_dir),
             eval_model_dir=os.path.join(model_dir, "Format-TFMA"),
             model_run_dir=run_dir,
@@ -97,7 +103,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             raise SpecError(f"launcher {params['launcher']!r} submits to a remote cluster and needs a container "
                             "image; use components.trainer.launchers directly", hint="see README, Launchers")
         else:
-            load_function(params["module"], run_fn_name)(fn_args)
+            _run_in_process(load_function(params["module"], run_fn_name), fn_args,
+                            spec.compression if spec else "GZIP")
         if not os.path.isdir(fn_args.serving_model_dir):
             raise SpecError(
                 f"run_fn finished but wrote no model to serving_model_dir ({fn_args.serving_model_dir})",
@@ -108,9 +115,25 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         history = read_metrics(run_dir)
         eval_metrics = _read_json(os.path.join(run_dir, EVAL_METRICS_FILE)) or {}
         gpipe = _read_json(os.path.join(run_dir, "gpipe.json"))
+        input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
     shutil.rmtree(working_dir, ignore_errors=True)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
-            "launch": launch.to_dict() if launch else None}
+            "launch": launch.to_dict() if launch else None, "input_stall": input_stall,
+            "skipped_shards": sorted(skipped_shards)}
+
+
+def _run_in_process(run_fn, fn_args: FnArgs, compression: str) -> None:
+    """Call run_fn; a tf.data read failure comes back naming the corrupt shard, when one is."""
+    import tensorflow as tf
+
+    try:
+        run_fn(fn_args)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+        files = sorted(tf.io.gfile.glob(list(fn_args.train_files) + list(fn_args.eval_files)))
+        named = explain_read_error(files, compression, err)
+        if named is None:
+            raise
+        raise named from err
 
 
 def _read_json(path: str):

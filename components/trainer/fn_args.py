@@ -29,6 +29,39 @@ def tfxio_data_accessor() -> DataAccessor:
     return DataAccessor(tf_dataset_factory, record_batch_factory, None)
 
 
+def input_pipeline_data_accessor(spec, skipped_shards: dict | None = None) -> DataAccessor:
+    """A DataAccessor whose tf.data datasets are built by the tuned InputPipeline spec.
+
+    TFX's TensorFlowDatasetOptions map onto `build_dataset`; record batches still come from
+    TFXIO. Shards skipped as corrupt are added to `skipped_shards`.
+    """
+    from components.input_pipeline import build_dataset
+
+    def tf_dataset_factory(file_pattern, dataset_options, schema=None):
+        if schema is None:
+            raise ValueError("the tuned input pipeline needs the schema of the examples it reads")
+        report: dict = {}
+        dataset = build_dataset(
+            spec, file_pattern, schema, label_key=dataset_options.label_key,
+            batch_size=dataset_options.batch_size, shuffle=dataset_options.shuffle,
+            num_epochs=dataset_options.num_epochs, seed=dataset_options.shuffle_seed, report=report,
+        )
+        if skipped_shards is not None:
+            skipped_shards.update(report["skipped_shards"])
+        return dataset
+
+    return DataAccessor(tf_dataset_factory, tfxio_data_accessor().record_batch_factory, None)
+
+
+def make_data_accessor(input_pipeline_dir: str | None, skipped_shards: dict | None = None) -> DataAccessor:
+    """The tuned accessor when an InputPipeline artifact is wired in, else TFX's TFXIO one."""
+    if not input_pipeline_dir:
+        return tfxio_data_accessor()
+    from components.input_pipeline import read_spec
+
+    return input_pipeline_data_accessor(read_spec(input_pipeline_dir), skipped_shards)
+
+
 @dataclass
 class FnArgs:
     """TFX's FnArgs fields (tfx.components.trainer.fn_args_utils.FnArgs)."""

@@ -40,7 +40,7 @@ def main(job_path: str) -> int:
         _serve(config)
         return 0
 
-    from components.trainer.fn_args import FnArgs, tfxio_data_accessor
+    from components.trainer.fn_args import FnArgs, make_data_accessor
     from components.trainer.strategies import is_chief, make_strategy
 
     make_strategy(job["strategy"])  # before any other TF op: collective ops are configured at startup
@@ -54,7 +54,7 @@ def main(job_path: str) -> int:
         fields["eval_model_dir"] = os.path.join(scratch, "eval")
         os.makedirs(fields["model_run_dir"], exist_ok=True)
         # working_dir stays shared: every worker's BackupAndRestore must see the chief's backup.
-    fn_args = FnArgs(**fields, data_accessor=tfxio_data_accessor())
+    fn_args = FnArgs(**fields, data_accessor=make_data_accessor(fields["custom_config"].get("input_pipeline_dir")))
     load_function(job["module"], job["run_fn"])(fn_args)
     return 0
 

@@ -14,7 +14,7 @@ from components import artifacts
 from components.beam_utils import make_pipeline, run_pipeline
 from components.errors import InputDataError, SpecError
 from components.example_gen.schema_inference import read_schema
-from components.transform import input_pipeline
+from components.transform import tuning
 from components.user_module import load_function
 
 
@@ -89,6 +89,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
 
         shutil.rmtree(os.path.join(graph_dir, ".tft_tmp"), ignore_errors=True)
         transformed_schema = tft.TFTransformOutput(graph_dir).transformed_metadata.schema
-        spec = input_pipeline.plain_spec(transformed_schema, params["batch_size"])
-        input_pipeline.write_spec(spec, pipeline_dir)
-    return {"splits": splits, "transformed_features": sorted(f.name for f in transformed_schema.feature)}
+        tuned = tuning.write_input_pipeline(
+            artifacts.transformed_examples_file_pattern(examples_dir, params["analyze_splits"][0]), transformed_schema,
+            pipeline_dir, params)
+    return {"splits": splits, "transformed_features": sorted(f.name for f in transformed_schema.feature),
+            "input_pipeline": tuned}

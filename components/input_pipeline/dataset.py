@@ -1,0 +1,184 @@
+"""`build_dataset`: an InputPipelineSpec applied to TFRecord shards, giving a batched tf.data.Dataset.
+
+The order of operations is fixed here so that every spec, tuned or baseline, yields the same
+elements: records -> [parse -> cache] -> shuffle -> repeat -> batch -> [parse] -> label -> prefetch.
+The expensive parse (and any transform) runs before the cache; `post_cache`, a map that grows
+memory, runs after it.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from components.errors import InputDataError, SpecError
+from components.input_pipeline import cache as cache_keys
+from components.input_pipeline.shards import usable_shards
+from components.input_pipeline.spec import AUTOTUNE, InputPipelineSpec, schema_fingerprint
+
+
+def _ordered(calls, deterministic: bool):
+    """`deterministic` only means something to a parallel stage; tf.data warns otherwise."""
+    return deterministic if calls is not None else None
+
+
+def _calls(value: int):
+    """num_parallel_calls for a width: None runs sequentially, -1 is AUTOTUNE."""
+    import tensorflow as tf
+
+    if value == AUTOTUNE:
+        return tf.data.AUTOTUNE
+    return None if value <= 1 else value
+
+
+def dataset_options(spec: InputPipelineSpec, deterministic: bool):
+    """tf.data Options from the spec: autotune budgets, thread pool, static optimisations."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    options.autotune.enabled = spec.autotune
+    if spec.ram_budget_bytes:
+        options.autotune.ram_budget = spec.ram_budget_bytes
+    if spec.cpu_budget:
+        options.autotune.cpu_budget = spec.cpu_budget
+    if spec.private_threadpool_size:
+        options.threading.private_threadpool_size = spec.private_threadpool_size
+        options.threading.max_intra_op_parallelism = 1
+    options.experimental_optimization.apply_default_optimizations = spec.apply_default_optimizations
+    for name, enabled in spec.static_optimizations.items():
+        setattr(options.experimental_optimization, name, enabled)
+    return options
+
+
+def assemble(
+    spec: InputPipelineSpec,
+    sources: Sequence[str],
+    *,
+    open_source: Callable,
+    parse_batch: Callable,
+    parse_one: Callable,
+    batch_size: int | None = None,
+    shuffle: bool = True,
+    num_epochs: int | None = 1,
+    seed: int | None = None,
+    label_key: str | None = None,
+    transform: Callable | None = None,
+    post_cache: Callable | None = None,
+    cache_location: str | None = None,
+    deterministic: bool | None = None,
+):
+    """The spec's pipeline over any sources: `open_source` maps a source name to a dataset of records.
+
+    `transform` is elementwise over the leading axis, so it serves per-record and batched parsing.
+    """
+    import tensorflow as tf
+
+    deterministic = spec.deterministic if deterministic is None else deterministic
+    batch_size = batch_size or spec.batch_size
+    parallel = _calls(spec.map_parallelism)
+    in_order = _ordered(parallel, deterministic)
+
+    def parse(records, batched: bool):
+        parsed = parse_batch(records) if batched else parse_one(records)
+        return transform(parsed) if transform else parsed
+
+    records = tf.data.Dataset.from_tensor_slices(list(sources)).interleave(
+        open_source, cycle_length=tf.data.AUTOTUNE if spec.cycle_length == AUTOTUNE else spec.cycle_length,
+        block_length=1, num_parallel_calls=_calls(spec.read_parallelism),
+        deterministic=_ordered(_calls(spec.read_parallelism), deterministic),
+    )
+    if spec.cache != "none" and num_epochs != 1:
+        if spec.vectorized_parse:
+            elements = records.batch(spec.parse_batch_size).map(
+                lambda r: parse(r, True), num_parallel_calls=parallel, deterministic=in_order).unbatch()
+        else:
+            elements = records.map(lambda r: parse(r, False), num_parallel_calls=parallel, deterministic=in_order)
+        if spec.cache == "memory":
+            elements = elements.cache()
+        else:
+            if not cache_location:
+                raise SpecError("the spec caches on disk but no cache location was given")
+            elements = elements.snapshot(cache_location)
+        if shuffle:
+            elements = elements.shuffle(spec.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        if num_epochs != 1:
+            elements = elements.repeat(num_epochs)
+        batches = elements.batch(batch_size)
+    else:
+        if shuffle:
+            records = records.shuffle(spec.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        if num_epochs != 1:
+            records = records.repeat(num_epochs)
+        if spec.vectorized_parse:
+            batches = records.batch(batch_size).map(
+                lambda r: parse(r, True), num_parallel_calls=parallel, deterministic=in_order)
+        else:
+            batches = records.map(
+                lambda r: parse(r, False), num_parallel_calls=parallel, deterministic=in_order
+            ).batch(batch_size)
+    if post_cache is not None:
+        batches = batches.map(post_cache, num_parallel_calls=parallel, deterministic=in_order)
+    if label_key is not None:
+        def split_label(features):
+            features = dict(features)
+            return features, features.pop(label_key)
+
+        batches = batches.map(split_label)
+    if spec.prefetch != 0:
+        batches = batches.prefetch(tf.data.AUTOTUNE if spec.prefetch == AUTOTUNE else spec.prefetch)
+    return batches.with_options(dataset_options(spec, deterministic))
+
+
+def build_dataset(
+    spec: InputPipelineSpec,
+    file_patterns: Sequence[str],
+    schema,
+    *,
+    label_key: str | None = None,
+    batch_size: int | None = None,
+    shuffle: bool = True,
+    num_epochs: int | None = 1,
+    seed: int | None = None,
+    transform: Callable | None = None,
+    post_cache: Callable | None = None,
+    cache_dir: str | None = None,
+    deterministic: bool | None = None,
+    report: dict | None = None,
+):
+    """A batched dataset of (features, label), or of features, read from TFRecord shards as the spec says.
+
+    `num_epochs=None` repeats forever; a cache is only used when the data is read more than once.
+    `report`, if given, receives the shards skipped as corrupt and the disk cache location.
+    """
+    import tensorflow as tf
+    from tensorflow_transform.tf_metadata import schema_utils
+
+    if schema_fingerprint(schema) != spec.schema_fingerprint:
+        raise SpecError(
+            "the input pipeline spec was made for a different schema "
+            f"({spec.schema_fingerprint} != {schema_fingerprint(schema)})",
+            hint="re-run Transform for this data",
+        )
+    if isinstance(file_patterns, str):
+        file_patterns = [file_patterns]
+    files = sorted(tf.io.gfile.glob(list(file_patterns)))
+    if not files:
+        raise SpecError(f"no files match {', '.join(file_patterns)}")
+    files, skipped = usable_shards(files, spec.compression, spec.on_corrupt_shard)
+    if not files:
+        raise InputDataError(f"every shard matching {', '.join(file_patterns)} is corrupt: {', '.join(skipped)}")
+    location = None
+    if spec.cache == "disk" and num_epochs != 1:
+        stage = getattr(transform, "__qualname__", "") if transform else ""
+        key = cache_keys.input_fingerprint(files, spec.schema_fingerprint, str(spec.vectorized_parse), stage)
+        location = cache_keys.cache_path(cache_dir, key)
+    if report is not None:
+        report.update(skipped_shards=skipped, cache_location=location, files=files)
+    feature_spec = schema_utils.schema_as_feature_spec(schema).feature_spec
+    return assemble(
+        spec, files,
+        open_source=lambda path: tf.data.TFRecordDataset(path, compression_type=spec.compression),
+        parse_batch=lambda records: tf.io.parse_example(records, feature_spec),
+        parse_one=lambda record: tf.io.parse_single_example(record, feature_spec),
+        batch_size=batch_size, shuffle=shuffle, num_epochs=num_epochs, seed=seed, label_key=label_key,
+        transform=transform, post_cache=post_cache, cache_location=location, deterministic=deterministic,
+    )

@@ -1,0 +1,161 @@
+"""Profiling a sample of the data: read throughput, parse cost, sizes, file count, cores and RAM.
+
+Everything the tuner decides from is measured here, on this machine, and stored in the spec.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+TFRECORD_FRAMING_BYTES = 16
+
+
+@dataclass
+class Measurements:
+    file_count: int
+    total_file_bytes: int
+    sample_records: int
+    est_records: int
+    serialized_bytes_per_record: float
+    parsed_bytes_per_record: float
+    read_wall_s_per_record: float
+    read_cpu_s_per_record: float
+    parse_one_s_per_record: float
+    parse_batch_s_per_record: float
+    map_wall_s_per_record: float
+    map_cpu_s_per_record: float
+    batch_time_p50_s: float
+    batch_time_p95_s: float
+    cores: int
+    ram_total_bytes: int
+    ram_available_bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def machine() -> dict:
+    """Cores this process may use, and RAM."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"cores": cores, "ram_total_bytes": int(memory.total), "ram_available_bytes": int(memory.available)}
+
+
+def _timed(iterable) -> tuple[list, float, float, list[float]]:
+    """Items of an iterable with wall time, process CPU time and per-item wall times."""
+    items, gaps = [], []
+    wall, cpu = time.perf_counter(), time.process_time()
+    last = wall
+    for item in iterable:
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+        items.append(item)
+    return items, time.perf_counter() - wall, time.process_time() - cpu, gaps
+
+
+def _nbytes(structure) -> int:
+    import tensorflow as tf
+
+    total = 0
+    for tensor in tf.nest.flatten(structure, expand_composites=True):
+        total += tensor.numpy().nbytes
+    return total
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else 0.0
+
+
+def measure(
+    sources: Sequence[str],
+    *,
+    open_source: Callable,
+    parse_batch: Callable,
+    parse_one: Callable,
+    source_bytes: Sequence[int],
+    batch_size: int,
+    sample_records: int = 4096,
+    transform: Callable | None = None,
+    compressed_bytes_per_record: Callable[[list[bytes]], float] | None = None,
+) -> Measurements:
+    """Time a sample read sequentially from the first sources, then parse it both ways."""
+    import tensorflow as tf
+
+    if not sources:
+        raise ValueError("no sources to profile")
+    transform = transform or (lambda parsed: parsed)
+    read = tf.data.Dataset.from_tensor_slices(list(sources)).flat_map(open_source).take(sample_records)
+    read = read.batch(batch_size).with_options(_sequential())
+    batches, read_wall, read_cpu, read_gaps = _timed(read)
+    records = tf.concat(batches, axis=0) if batches else tf.constant([], tf.string)
+    count = int(records.shape[0])
+    if count == 0:
+        raise ValueError(f"no records to profile in {', '.join(sources[:3])}")
+    raw = [r for r in records.numpy()] if records.dtype == tf.string else []
+    serialized = sum(len(r) for r in raw) / count if raw else float(records.dtype.size)
+
+    sample = tf.data.Dataset.from_tensor_slices(records)
+    one = sample.map(lambda r: transform(parse_one(r))).batch(batch_size).with_options(_sequential())
+    _, one_wall, _, _ = _timed(one)
+    vectorized = sample.batch(batch_size).map(lambda r: transform(parse_batch(r))).with_options(_sequential())
+    parsed, map_wall, map_cpu, gaps = _timed(vectorized)
+    parsed_bytes = sum(_nbytes(p) for p in parsed) / count
+
+    total_bytes = int(sum(source_bytes))
+    per_record_on_disk = compressed_bytes_per_record(raw) if compressed_bytes_per_record else None
+    if count < sample_records or not per_record_on_disk:
+        est = count  # the sample read every source to the end
+    else:
+        est = int(round(total_bytes / per_record_on_disk))
+    batch_times = [read + parse for read, parse in zip(read_gaps, gaps)]
+    return Measurements(
+        file_count=len(sources), total_file_bytes=total_bytes, sample_records=count, est_records=max(est, count),
+        serialized_bytes_per_record=serialized, parsed_bytes_per_record=parsed_bytes,
+        read_wall_s_per_record=read_wall / count, read_cpu_s_per_record=read_cpu / count,
+        parse_one_s_per_record=one_wall / count, parse_batch_s_per_record=map_wall / count,
+        map_wall_s_per_record=map_wall / count, map_cpu_s_per_record=map_cpu / count,
+        batch_time_p50_s=_percentile(batch_times, 0.5), batch_time_p95_s=_percentile(batch_times, 0.95),
+        **machine(),
+    )
+
+
+def _sequential():
+    """Options for profiling: one thread, no autotune, so times add up to the serial cost."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.apply_default_optimizations = False
+    options.threading.private_threadpool_size = 1
+    return options
+
+
+def measure_tfrecords(files: Sequence[str], schema, *, compression: str, batch_size: int,
+                      sample_records: int = 4096, transform: Callable | None = None) -> Measurements:
+    """Measurements of TFRecord shards holding tf.Examples of `schema`."""
+    import tensorflow as tf
+    from tensorflow_transform.tf_metadata import schema_utils
+
+    feature_spec = schema_utils.schema_as_feature_spec(schema).feature_spec
+
+    def on_disk(raw: list[bytes]) -> float:
+        framed = b"".join(len(r).to_bytes(8, "little") + b"\0" * 4 + r + b"\0" * 4 for r in raw)
+        size = len(gzip.compress(framed, compresslevel=6)) if compression == "GZIP" else len(framed)
+        return size / len(raw)
+
+    return measure(
+        list(files),
+        open_source=lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
+        parse_batch=lambda r: tf.io.parse_example(r, feature_spec),
+        parse_one=lambda r: tf.io.parse_single_example(r, feature_spec),
+        source_bytes=[tf.io.gfile.stat(f).length for f in files],
+        batch_size=batch_size, sample_records=sample_records, transform=transform,
+        compressed_bytes_per_record=on_disk,
+    )

@@ -1,0 +1,132 @@
+"""Per-stage breakdown of a running tf.data pipeline, from tf.data's autotuning model.
+
+`tf.data.experimental.get_model_proto` reports each stage's processing time, element count,
+buffered bytes and parallelism. Stages whose input is exhausted drop out of the model, so the
+breakdown keeps the fullest snapshot taken while the pipeline runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+PARALLELISM_PARAMETERS = ("parallelism", "buffer_size", "cycle_length")
+ADVICE = {
+    "Map": "raise its num_parallel_calls, vectorise it, or cache after it",
+    "Interleave": "read more shards at once (cycle_length), or cache after reading",
+    "TFRecord": "read more shards at once (cycle_length), or cache after reading",
+    "Batch": "batch less often by parsing larger batches",
+    "Prefetch": "the consumer is slower than the pipeline; the input is not the limit",
+    "Shuffle": "shrink the shuffle buffer or shuffle after caching",
+}
+
+
+def _nodes_in_order(proto) -> list:
+    """The model's nodes from the output towards the sources, each once."""
+    order, stack, seen = [], [proto.output], set()
+    while stack:
+        node_id = stack.pop(0)
+        if node_id in seen or node_id not in proto.nodes:
+            continue
+        seen.add(node_id)
+        node = proto.nodes[node_id]
+        order.append(node)
+        stack.extend(node.inputs)
+    return order
+
+
+def stages_from_proto(proto) -> list[dict]:
+    """One row per stage name (readers of every shard summed), output first; Root is the consumer."""
+    rows: dict[str, dict] = {}
+    for node in _nodes_in_order(proto):
+        if node.name == "Root":
+            continue
+        row = rows.setdefault(node.name, {"stage": node.name, "nodes": 0, "processing_time_s": 0.0,
+                                          "num_elements": 0, "buffered_bytes": 0, "bytes_produced": 0,
+                                          "parallelism": None})
+        row["nodes"] += 1
+        row["processing_time_s"] += node.processing_time / 1e9
+        row["num_elements"] += node.num_elements
+        row["buffered_bytes"] += node.buffered_bytes
+        row["bytes_produced"] += node.bytes_produced
+        for parameter in node.parameters:
+            if parameter.name in PARALLELISM_PARAMETERS and row["parallelism"] is None:
+                row["parallelism"] = {"name": parameter.name, "value": int(parameter.value)}
+    total = sum(r["processing_time_s"] for r in rows.values()) or 1.0
+    for row in rows.values():
+        row["share"] = row["processing_time_s"] / total
+        row["us_per_element"] = 1e6 * row["processing_time_s"] / row["num_elements"] if row["num_elements"] else 0.0
+    return list(rows.values())
+
+
+def profile_pipeline(dataset, max_elements: int | None = None, every: int = 4) -> list[dict]:
+    """Run the dataset (up to `max_elements`) and return the fullest per-stage breakdown seen."""
+    import tensorflow as tf
+
+    iterator = iter(dataset)
+    best, best_kinds = None, -1
+    for count, _ in enumerate(iterator, start=1):
+        if count % every == 0:
+            proto = tf.data.experimental.get_model_proto(iterator)
+            kinds = len({node.name for node in proto.nodes.values()})
+            if kinds >= best_kinds:  # the latest snapshot that still shows every kind of stage
+                best, best_kinds = proto, kinds
+        if max_elements and count >= max_elements:
+            break
+    if best is None:
+        best = tf.data.experimental.get_model_proto(iterator)
+    return stages_from_proto(best)
+
+
+def recommendation(stages: list[dict]) -> str:
+    """One line naming the slowest stage and what to do about it."""
+    if not stages:
+        return "No stage was measured: the pipeline produced too few elements."
+    slowest = max(stages, key=lambda r: r["processing_time_s"])
+    advice = next((text for key, text in ADVICE.items() if key.lower() in slowest["stage"].lower()),
+                  "look at this stage first")
+    width = f", {slowest['parallelism']['name']} {slowest['parallelism']['value']}" if slowest["parallelism"] else ""
+    return (f"Slowest stage: {slowest['stage']} ({slowest['share']:.0%} of processing time, "
+            f"{slowest['us_per_element']:.1f} µs per element{width}); {advice}.")
+
+
+def plot_stages(stages: list[dict], path: str, title: str = "tf.data per-stage breakdown") -> str:
+    """A stacked bar of each stage's share of processing time, and per-element cost, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (share_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.45 * len(stages) + 1.5)),
+                                            gridspec_kw={"width_ratios": [1, 2]})
+    colours = plt.cm.tab20.colors
+    bottom = 0.0
+    for i, row in enumerate(stages):
+        share_ax.bar(0, row["share"] * 100, bottom=bottom, color=colours[i % len(colours)], label=row["stage"])
+        bottom += row["share"] * 100
+    share_ax.set_xticks([])
+    share_ax.set_ylabel("share of processing time (%)")
+    share_ax.set_ylim(0, 100)
+    share_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    names = [row["stage"] for row in stages]
+    cost_ax.barh(names, [row["us_per_element"] for row in stages], color=colours[: len(stages)])
+    for y, row in enumerate(stages):
+        if row["parallelism"]:
+            cost_ax.annotate(f" {row['parallelism']['name']}={row['parallelism']['value']}",
+                             (row["us_per_element"], y), va="center", fontsize=7)
+    cost_ax.invert_yaxis()
+    cost_ax.set_xlabel("µs per element (output first, sources last)")
+    fig.suptitle(title + "\n" + recommendation(stages), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_breakdown(stages: list[dict], directory: str) -> dict:
+    """stages.json and stages.png into `directory`; returns their paths and the recommendation."""
+    text = recommendation(stages)
+    json_path = os.path.join(directory, "stages.json")
+    with open(json_path, "w", encoding="utf-8") as handle:
+        json.dump({"stages": stages, "recommendation": text}, handle, indent=2)
+    png_path = plot_stages(stages, os.path.join(directory, "stages.png"))
+    return {"json": json_path, "png": png_path, "recommendation": text}

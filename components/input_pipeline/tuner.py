@@ -1,0 +1,110 @@
+"""The tuner: measurements in, an InputPipelineSpec out, every decision with its reason.
+
+A pure function of the measurements and budgets, so each rule can be tested on simulated
+machines. Thread counts follow the usual sizing rule: to keep C cores busy on work that spends
+W seconds of wall time per second of CPU, run about C x W of it at once.
+"""
+from __future__ import annotations
+
+import math
+
+from components.input_pipeline.measure import Measurements
+from components.input_pipeline.spec import InputPipelineSpec
+
+MAX_PARALLELISM = 64
+MAX_SHUFFLE_BUFFER = 1_000_000
+MAX_PREFETCH = 16
+STATIC_OPTIMIZATIONS = {
+    "map_and_batch_fusion": True, "map_parallelization": True, "map_fusion": True,
+    "noop_elimination": True, "parallel_batch": True, "shuffle_and_repeat_fusion": True,
+}
+MIB = 1024 * 1024
+
+
+def _wait_ratio(wall: float, cpu: float) -> float:
+    """Wall time per unit of CPU time; 1 for CPU-bound work, large for work that waits."""
+    return max(1.0, wall / cpu) if cpu > 0 else (float(MAX_PARALLELISM) if wall > 0 else 1.0)
+
+
+def _width(cores: int, ratio: float) -> int:
+    return max(1, min(MAX_PARALLELISM, math.ceil(cores * ratio)))
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.2f} µs"
+
+
+def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compression: str = "GZIP",
+         deterministic: bool = True, ram_fraction: float = 0.5, on_corrupt_shard: str = "error") -> InputPipelineSpec:
+    """Decide every knob of the pipeline from `m`; `ram_fraction` of available RAM is tf.data's budget."""
+    decisions: list[dict] = []
+
+    def decide(what, value, why):
+        decisions.append({"what": what, "value": value, "why": why})
+        return value
+
+    cores = m.cores
+    read_ratio = _wait_ratio(m.read_wall_s_per_record, m.read_cpu_s_per_record)
+    readers = _width(cores, read_ratio)
+    cycle_length = decide("cycle_length", max(1, min(m.file_count, readers)), (
+        f"{m.file_count} shard(s) and {cores} core(s); reading took {_us(m.read_wall_s_per_record)} wall and "
+        f"{_us(m.read_cpu_s_per_record)} CPU per record ({read_ratio:.1f}x, "
+        f"{'latency-bound' if read_ratio > 2 else 'CPU-bound'}), so {readers} concurrent reader(s) keep the cores "
+        f"busy, capped by the shard count"))
+    read_parallelism = decide("read_parallelism", cycle_length, "one reader thread per shard in the cycle")
+    decide("deterministic", deterministic, "an option: True keeps a reproducible order; False lets parallel "
+           "stages hand out whichever element is ready first")
+
+    speedup = m.parse_one_s_per_record / m.parse_batch_s_per_record if m.parse_batch_s_per_record > 0 else 1.0
+    decide("vectorized_parse", True, (
+        f"batching first and parsing the whole batch cost {_us(m.parse_batch_s_per_record)} per record against "
+        f"{_us(m.parse_one_s_per_record)} parsing record by record ({speedup:.1f}x)"))
+
+    map_ratio = _wait_ratio(m.map_wall_s_per_record, m.map_cpu_s_per_record)
+    map_parallelism = decide("map_parallelism", _width(cores, map_ratio), (
+        f"the parse map takes {map_ratio:.1f}x as much wall as CPU time on {cores} core(s)"))
+
+    ram_budget = int(ram_fraction * m.ram_available_bytes)
+    data_bytes = m.est_records * m.parsed_bytes_per_record
+    cache_budget = ram_budget // 2
+    if data_bytes <= cache_budget:
+        cache = decide("cache", "memory", (
+            f"the parsed data (~{data_bytes / MIB:.1f} MiB for ~{m.est_records} records) fits the in-memory cache "
+            f"budget of {cache_budget / MIB:.0f} MiB (half the tf.data RAM budget); parsing runs before the "
+            f"cache so later epochs skip reading and parsing; used only when the data is read more than once"))
+    else:
+        cache = decide("cache", "disk", (
+            f"the parsed data (~{data_bytes / MIB:.0f} MiB) exceeds the in-memory budget of "
+            f"{cache_budget / MIB:.0f} MiB, so it is snapshotted to local disk, keyed by a fingerprint of the "
+            f"input; used only when the data is read more than once"))
+    parse_batch_size = decide("parse_batch_size", max(batch_size, min(1024, m.est_records // max(1, 4 * cores))), (
+        "records per vectorised parse ahead of the cache: large enough to amortise each call, small enough "
+        "that every core gets several batches"))
+
+    element_bytes = max(1.0, m.parsed_bytes_per_record if cache != "none" else m.serialized_bytes_per_record)
+    shuffle_budget = ram_budget // 4
+    by_memory = int(shuffle_budget // element_bytes)
+    shuffle_buffer = decide("shuffle_buffer", max(batch_size, min(m.est_records, by_memory, MAX_SHUFFLE_BUFFER)), (
+        f"{element_bytes:.0f} bytes per buffered element and a quarter of the RAM budget "
+        f"({shuffle_budget / MIB:.0f} MiB) hold {by_memory} elements; the data has ~{m.est_records}, "
+        f"so {'the whole data set is shuffled' if by_memory >= m.est_records else 'the buffer is memory-bound'}"))
+
+    jitter = m.batch_time_p95_s / m.batch_time_p50_s if m.batch_time_p50_s > 0 else 1.0
+    prefetch = decide("prefetch", max(2, min(MAX_PREFETCH, math.ceil(jitter) + 1)), (
+        f"producing a batch took {m.batch_time_p50_s * 1e3:.2f} ms at the median and {m.batch_time_p95_s * 1e3:.2f} ms "
+        f"at p95 ({jitter:.1f}x); a queue this deep absorbs the slow batches"))
+
+    threads = max(cores, read_parallelism + map_parallelism)
+    decide("private_threadpool_size", threads, "room for every reader and parse call at once, kept apart from the "
+           "training step's threads")
+    decide("autotune budgets", {"ram_budget_bytes": ram_budget, "cpu_budget": cores},
+           f"{ram_fraction:.0%} of the {m.ram_available_bytes / MIB:.0f} MiB available RAM; all {cores} core(s)")
+    decide("static_optimizations", STATIC_OPTIMIZATIONS, "fuse and parallelise maps, drop no-ops; order-preserving")
+    return InputPipelineSpec(
+        schema_fingerprint=schema_fingerprint, batch_size=batch_size, compression=compression,
+        cycle_length=cycle_length, read_parallelism=read_parallelism, deterministic=deterministic,
+        vectorized_parse=True, parse_batch_size=parse_batch_size, map_parallelism=map_parallelism, cache=cache,
+        shuffle_buffer=shuffle_buffer, prefetch=prefetch, ram_budget_bytes=ram_budget, cpu_budget=cores,
+        private_threadpool_size=threads, static_optimizations=dict(STATIC_OPTIMIZATIONS),
+        on_corrupt_shard=on_corrupt_shard, measurements=m.to_dict(), decisions=decisions,
+    )

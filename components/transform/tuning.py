@@ -1,0 +1,40 @@
+"""Transform's last step: tune the input pipeline on the transformed examples and explain it.
+
+Writes the InputPipeline artifact: input_pipeline.json (the spec), and stages.json/stages.png,
+the per-stage breakdown of one pass of the tuned pipeline over the profiled split.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+import tensorflow as tf
+
+from components import input_pipeline
+from components.input_pipeline import stages
+
+log = logging.getLogger(__name__)
+
+
+def write_input_pipeline(file_pattern: str, schema, artifact_dir: str, params: Mapping[str, Any]) -> dict:
+    """Tune (or not, as `tune_input_pipeline` says), write the spec and the breakdown; a summary."""
+    fingerprint = input_pipeline.schema_fingerprint(schema)
+    if not params["tune_input_pipeline"]:
+        spec = input_pipeline.plain_spec(fingerprint, params["batch_size"])
+    else:
+        files = sorted(tf.io.gfile.glob(file_pattern))
+        measurements = input_pipeline.measure_tfrecords(
+            files, schema, compression="GZIP", batch_size=params["batch_size"],
+            sample_records=params["profile_sample_records"])
+        spec = input_pipeline.tune(
+            measurements, schema_fingerprint=fingerprint, batch_size=params["batch_size"],
+            deterministic=params["deterministic"], ram_fraction=params["ram_fraction"],
+            on_corrupt_shard=params["on_corrupt_shard"])
+    input_pipeline.write_spec(spec, artifact_dir)
+    one_pass = input_pipeline.build_dataset(spec, [file_pattern], schema, shuffle=True, num_epochs=1, seed=0)
+    breakdown = stages.write_breakdown(stages.profile_pipeline(one_pass), artifact_dir)
+    for decision in spec.decisions:
+        log.info("input pipeline: %s = %s (%s)", decision["what"], decision["value"], decision["why"])
+    log.info("input pipeline: %s", breakdown["recommendation"])
+    return {"decisions": {d["what"]: d["value"] for d in spec.decisions if not isinstance(d["value"], dict)},
+            "recommendation": breakdown["recommendation"]}

@@ -1,0 +1,292 @@
+"""The tuned input pipeline: tuner rules, same elements as the naive pipeline, cache keys,
+corrupt shards, the per-stage breakdown, input stall, and the Trainer's data_accessor."""
+import dataclasses
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_transform as tft
+from tensorflow_transform.tf_metadata import schema_utils
+
+from components import input_pipeline
+from components.errors import InputDataError, SpecError
+from components.input_pipeline import Measurements, autotune_spec, build_dataset, naive_spec, stages, tune
+from components.input_pipeline.shards import explain_read_error
+from components.input_pipeline.stall import measure_input_stall
+
+GIB = 1024 ** 3
+SCHEMA = schema_utils.schema_from_feature_spec({
+    "id": tf.io.FixedLenFeature([], tf.int64),
+    "x": tf.io.FixedLenFeature([3], tf.float32),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+})
+
+
+def _write_shard(path, ids, offset=0.0):
+    with tf.io.TFRecordWriter(str(path), "GZIP") as writer:
+        for i in ids:
+            feature = {
+                "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i + offset, i * 0.5, -i])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3])),
+            }
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Six GZIP shards of 150 examples, ids unique across shards."""
+    folder = tmp_path_factory.mktemp("shards")
+    for shard in range(6):
+        _write_shard(folder / f"part-{shard}.gz", range(shard * 1000, shard * 1000 + 150))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tuned(shards):
+    files = sorted(tf.io.gfile.glob(os.path.join(shards, "*.gz")))
+    measured = input_pipeline.measure_tfrecords(files, SCHEMA, compression="GZIP", batch_size=32, sample_records=300)
+    return tune(measured, schema_fingerprint=input_pipeline.schema_fingerprint(SCHEMA), batch_size=32)
+
+
+def _ids(spec, shards, **kwargs):
+    dataset = build_dataset(spec, [os.path.join(shards, "*.gz")], SCHEMA, **kwargs)
+    return np.concatenate([batch["id"].numpy() for batch in dataset])
+
+
+def _measurements(**overrides) -> Measurements:
+    base = dict(file_count=16, total_file_bytes=64 * 2**20, sample_records=4096, est_records=1_000_000,
+                serialized_bytes_per_record=100.0, parsed_bytes_per_record=64.0,
+                read_wall_s_per_record=1e-6, read_cpu_s_per_record=1e-6, parse_one_s_per_record=8e-6,
+                parse_batch_s_per_record=1e-6, map_wall_s_per_record=1e-6, map_cpu_s_per_record=1e-6,
+                batch_time_p50_s=1e-3, batch_time_p95_s=1.5e-3, cores=4, ram_total_bytes=32 * GIB,
+                ram_available_bytes=16 * GIB)
+    return Measurements(**dict(base, **overrides))
+
+
+# (what is simulated, measurement overrides, expected spec fields)
+TUNER_RULES = [
+    ("CPU-bound reads use one reader per core", {}, {"cycle_length": 4, "read_parallelism": 4}),
+    ("latency-bound reads use more readers than cores", {"read_wall_s_per_record": 1e-5},
+     {"cycle_length": 16, "read_parallelism": 16}),
+    ("never more readers than shards", {"file_count": 2, "read_wall_s_per_record": 1e-5}, {"cycle_length": 2}),
+    ("a map that waits gets more calls than cores", {"map_wall_s_per_record": 3e-6}, {"map_parallelism": 12}),
+    ("data that fits RAM is cached in memory", {}, {"cache": "memory", "vectorized_parse": True}),
+    ("data larger than the RAM budget is cached on disk", {"ram_available_bytes": 64 * 2**20}, {"cache": "disk"}),
+    ("a shuffle buffer holds all the data when memory allows", {}, {"shuffle_buffer": 1_000_000}),
+    ("a shuffle buffer is cut to memory otherwise", {"ram_available_bytes": 128 * 2**20},
+     {"shuffle_buffer": 128 * 2**20 // 2 // 4 // 64}),
+    ("a bursty producer gets a deeper prefetch", {"batch_time_p95_s": 6e-3}, {"prefetch": 7}),
+    ("budgets follow the machine", {"cores": 8, "ram_available_bytes": 8 * GIB},
+     {"cpu_budget": 8, "ram_budget_bytes": 4 * GIB}),
+]
+
+
+@pytest.mark.parametrize("case,overrides,expected", TUNER_RULES, ids=[r[0] for r in TUNER_RULES])
+def test_tuner_rules(case, overrides, expected):
+    spec = tune(_measurements(**overrides), schema_fingerprint="f", batch_size=32)
+    assert {k: getattr(spec, k) for k in expected} == expected, case
+    decided = {d["what"] for d in spec.decisions}
+    assert {"cycle_length", "vectorized_parse", "map_parallelism", "cache", "shuffle_buffer", "prefetch",
+            "private_threadpool_size", "static_optimizations"} <= decided
+    assert all(d["why"] for d in spec.decisions)
+    assert spec.measurements["cores"] == _measurements(**overrides).cores
+
+
+def test_spec_round_trip_and_bad_specs_refused(tuned, tmp_path):
+    path = input_pipeline.write_spec(tuned, str(tmp_path))
+    assert input_pipeline.read_spec(str(tmp_path)) == tuned
+    data = json.load(open(path))
+    for field, value, message in [("cache", "ram", "cache must be one of"), ("prefetch", -7, "prefetch must be"),
+                                  ("color", 1, "unknown field"), ("version", 1, "spec version 1")]:
+        bad = dict(data, **{field: value})
+        with pytest.raises(SpecError, match=message):
+            input_pipeline.InputPipelineSpec.from_json(json.dumps(bad), source="x.json")
+
+
+def test_tuned_spec_decides_from_measurements(tuned):
+    assert tuned.vectorized_parse and tuned.cache == "memory"
+    assert tuned.measurements["file_count"] == 6 and tuned.measurements["sample_records"] == 300
+    assert 1 <= tuned.cycle_length <= 6 and tuned.map_parallelism >= 1
+    assert tuned.decision("vectorized_parse")["why"].startswith("batching first")
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"shuffle": False},
+    {"shuffle": True, "seed": 7, "num_epochs": 3},  # memory cache, reshuffled each epoch
+    {"shuffle": True, "seed": 7, "num_epochs": 2, "batch_size": 5},
+], ids=["in-order", "shuffled-cached", "odd-batch"])
+def test_tuned_yields_the_naive_elements_in_order(tuned, shards, kwargs):
+    expected = _ids(naive_spec(tuned), shards, **kwargs)
+    assert len(expected) == 900 * kwargs.get("num_epochs", 1)
+    np.testing.assert_array_equal(_ids(tuned, shards, **kwargs), expected)
+    np.testing.assert_array_equal(_ids(autotune_spec(tuned, keep_order=True), shards, **kwargs), expected)
+
+
+def test_nondeterministic_tuned_yields_the_same_multiset(tuned, shards):
+    spec = dataclasses.replace(tuned, deterministic=False)
+    got = _ids(spec, shards, shuffle=True, seed=1, num_epochs=2)
+    expected = _ids(naive_spec(tuned), shards, shuffle=True, seed=1, num_epochs=2)
+    assert sorted(got.tolist()) == sorted(expected.tolist())
+
+
+def test_features_and_labels_survive_vectorised_parsing_and_caching(tuned, shards):
+    dataset = build_dataset(tuned, [os.path.join(shards, "*.gz")], SCHEMA, label_key="label", shuffle=False,
+                            num_epochs=2)
+    features, labels = next(iter(dataset))
+    ids = features["id"].numpy()
+    np.testing.assert_array_equal(labels.numpy(), ids % 3)
+    np.testing.assert_allclose(features["x"].numpy(), np.stack([ids, ids * 0.5, -ids], axis=1))
+    assert "label" not in features
+
+
+def test_disk_cache_is_keyed_by_the_input_and_invalidated_when_it_changes(tuned, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for shard in range(3):
+        _write_shard(data / f"part-{shard}.gz", range(shard * 100, shard * 100 + 50))
+    spec = dataclasses.replace(tuned, cache="disk")
+    cache_dir = str(tmp_path / "cache")
+
+    def read():
+        report = {}
+        dataset = build_dataset(spec, [str(data / "*.gz")], SCHEMA, shuffle=False, num_epochs=2,
+                                cache_dir=cache_dir, report=report)
+        return np.concatenate([b["x"].numpy()[:, 0] for b in dataset]), report["cache_location"]
+
+    first, first_key = read()
+    assert os.listdir(first_key), "the first pass must write the snapshot"
+    again, again_key = read()
+    assert again_key == first_key and np.array_equal(again, first)
+    _write_shard(data / "part-1.gz", range(100, 150), offset=1000.0)  # same ids and size, new values
+    changed, changed_key = read()
+    assert changed_key != first_key
+    assert changed.max() >= 1100 and first.max() < 1000, "a stale cache must not be reused"
+
+
+@pytest.fixture()
+def corrupt_shards(shards, tmp_path):
+    folder = tmp_path / "corrupt"
+    shutil.copytree(shards, folder)
+    victim = folder / "part-2.gz"
+    raw = victim.read_bytes()
+    victim.write_bytes(raw[: len(raw) // 2] + b"garbage" * 40 + raw[len(raw) // 2 + 280:])
+    return str(folder), str(victim)
+
+
+def test_corrupt_shard_is_named(tuned, corrupt_shards):
+    folder, victim = corrupt_shards
+    files = sorted(tf.io.gfile.glob(os.path.join(folder, "*.gz")))
+    with pytest.raises(tf.errors.OpError) as caught:
+        _ids(tuned, folder, shuffle=False)
+    named = explain_read_error(files, "GZIP", caught.value)
+    assert isinstance(named, InputDataError) and victim in str(named) and "part-0" not in str(named)
+
+
+def test_corrupt_shard_is_skipped_and_counted_when_configured(tuned, corrupt_shards):
+    folder, victim = corrupt_shards
+    spec = dataclasses.replace(tuned, on_corrupt_shard="skip")
+    report = {}
+    ids = np.concatenate([b["id"].numpy() for b in build_dataset(
+        spec, [os.path.join(folder, "*.gz")], SCHEMA, shuffle=False, report=report)])
+    assert list(report["skipped_shards"]) == [victim]
+    assert len(ids) == 750 and not any(2000 <= i < 3000 for i in ids)
+
+
+def test_stage_breakdown_names_the_slowest_stage_and_plots_it(tuned, shards, tmp_path):
+    slow = lambda features: dict(features, x=tf.numpy_function(  # noqa: E731
+        lambda x: (__import__("time").sleep(0.005), x)[1], [features["x"]], tf.float32, stateful=False))
+    dataset = build_dataset(dataclasses.replace(tuned, map_parallelism=1), [os.path.join(shards, "*.gz")],
+                            SCHEMA, shuffle=False, transform=slow)
+    rows = stages.profile_pipeline(dataset)
+    names = [r["stage"] for r in rows]
+    assert any("Interleave" in n for n in names) and any("Map" in n for n in names)
+    assert abs(sum(r["share"] for r in rows) - 1) < 1e-6
+    slowest = max(rows, key=lambda r: r["processing_time_s"])
+    assert "Map" in slowest["stage"], rows  # the sleeping parse map
+    written = stages.write_breakdown(rows, str(tmp_path))
+    assert written["recommendation"].startswith(f"Slowest stage: {slowest['stage']} ")
+    assert open(written["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert json.load(open(written["json"]))["stages"] == json.loads(json.dumps(rows))
+
+
+def test_transform_writes_the_tuned_spec_and_breakdown(penguin_outputs):
+    folder = penguin_outputs["Transform"]["input_pipeline"]
+    spec = input_pipeline.read_spec(folder)
+    assert spec.decision("cache")["value"] == "memory" and spec.measurements["sample_records"] > 100
+    assert os.path.getsize(os.path.join(folder, "stages.png")) > 1000
+    assert json.load(open(os.path.join(folder, "stages.json")))["recommendation"].startswith("Slowest stage: ")
+
+
+def _tiny_model():
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.layers.Dense(4, activation="relu"), tf_keras.layers.Dense(3)])
+    model.compile(tf_keras.optimizers.Adam(0.01), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_input_stall_separates_a_slow_pipeline_and_leaves_the_model_untouched():
+    x = np.random.default_rng(0).normal(size=(640, 5)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    fast = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+    slow = fast.map(lambda a, b: tf.numpy_function(lambda a, b: (__import__("time").sleep(0.02), a, b)[1:],
+                                                   [a, b], [tf.float32, tf.int64]))
+    slow = slow.map(lambda a, b: (tf.ensure_shape(a, [16, 5]), tf.ensure_shape(b, [16])))
+    model = _tiny_model()
+    model.fit(fast, steps_per_epoch=5, epochs=1, verbose=0)
+    before = [v.numpy().copy() for v in model.variables] + [v.numpy().copy() for v in model.optimizer.variables()]
+    waited = measure_input_stall(model, slow, steps=8)
+    after = [v.numpy() for v in model.variables] + [v.numpy() for v in model.optimizer.variables()]
+    assert waited["stall_fraction"] > 0.7, waited  # 20 ms of sleep against a sub-millisecond step
+    assert waited["real_step_s"] > 0.015 > waited["in_memory_step_s"]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_input_stall_is_in_the_run_record(penguin_dag_run):
+    from pipelines import records
+
+    run = records.client().get_run(penguin_dag_run["mlflow_run_id"])
+    assert 0.0 <= run.data.metrics["input_stall_fraction"] < 1.0
+    assert run.data.metrics["input_step_seconds"] > 0 and run.data.metrics["skipped_shards"] == 0
+    assert run.data.tags["hpml.input_pipeline"].startswith("Slowest stage: ")
+    assert run.data.tags["input_pipeline.cache"] == "memory"
+
+
+def test_trainer_data_accessor_reads_what_tfxio_reads(penguin_outputs):
+    from tfx_bsl.public import tfxio
+
+    from components.trainer.fn_args import make_data_accessor, tfxio_data_accessor
+
+    schema = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"]).transformed_metadata.schema
+    pattern = [os.path.join(penguin_outputs["Transform"]["transformed_examples"], "Split-train", "*.gz")]
+    options = tfxio.TensorFlowDatasetOptions(batch_size=8, label_key="species", num_epochs=1, shuffle=False)
+
+    def rows(accessor):
+        out = []
+        for features, labels in accessor.tf_dataset_factory(pattern, options, schema):
+            out += list(zip(labels.numpy().ravel().tolist(), np.ravel(features["body_mass_g"].numpy()).tolist()))
+        return sorted(out)
+
+    tuned = make_data_accessor(penguin_outputs["Transform"]["input_pipeline"])
+    assert rows(tuned) == rows(tfxio_data_accessor()) and len(rows(tuned)) > 150
+
+
+def test_trainer_names_a_corrupt_transformed_shard(penguin_outputs, tmp_path):
+    from components.trainer import TRAINER
+
+    examples = tmp_path / "examples"
+    shutil.copytree(penguin_outputs["Transform"]["transformed_examples"], examples)
+    victim = sorted((examples / "Split-train").glob("*.gz"))[0]
+    raw = victim.read_bytes()
+    victim.write_bytes(raw[:200] + b"\x00garbage" * 30 + raw[440:])
+    inputs = {"examples": str(examples), "transform_graph": penguin_outputs["Transform"]["transform_graph"],
+              "schema": penguin_outputs["ExampleGen"]["schema"],
+              "input_pipeline": penguin_outputs["Transform"]["input_pipeline"]}
+    outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
+    with pytest.raises(InputDataError, match=f"corrupt TFRecord shard.*{victim.name}"):
+        TRAINER.run(inputs, outputs, {"module": "pipelines.penguin_module", "hyperparameters": {"epochs": 1}})
+    assert not os.path.exists(outputs["model"]), "a failed Trainer publishes nothing"
