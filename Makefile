@@ -7,7 +7,7 @@ VENV := .venv
 export UV_PYTHON_DOWNLOADS := never
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: env run test bench clean
+.PHONY: env run test bench bench-input clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -32,6 +32,11 @@ bench: env
 	$(VENV)/bin/python benchmarks/distributed.py
 	$(VENV)/bin/python benchmarks/gpipe.py
 	$(VENV)/bin/python benchmarks/distillation.py
+	$(VENV)/bin/python benchmarks/input_pipeline.py
+
+# The input pipeline benchmark alone (B1-B3; about 15 minutes on 2 cores).
+bench-input: env
+	$(VENV)/bin/python benchmarks/input_pipeline.py
 
 clean:
 	rm -rf .hpml $(VENV) $(TOOLS)
