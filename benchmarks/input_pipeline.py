@@ -205,9 +205,12 @@ def child_b3(spec_path: str, folder: str, variant: str, examples: int) -> dict:
     model.compile(tf_keras.optimizers.Adam(1e-3),
                   tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(dataset, steps_per_epoch=5, epochs=1, verbose=0)  # build and trace
-    steps = 2 * -(-examples // B2_BATCH)  # a cold and a warm epoch
-    stall = measure_input_stall(model, dataset, steps=steps, repeats=1)
-    return dict(stall, peak_rss_mib=peak_rss_mib())
+    epoch = -(-examples // B2_BATCH)
+    cold = measure_input_stall(model, dataset, steps=epoch, repeats=1)  # the first epoch, reading the files
+    warm = measure_input_stall(model, dataset, steps=epoch, repeats=1, warmup=epoch)  # the epoch after it
+    return {"stall_fraction": warm["stall_fraction"], "cold_stall_fraction": cold["stall_fraction"],
+            "real_step_s": warm["real_step_s"], "in_memory_step_s": warm["in_memory_step_s"],
+            "cold_real_step_s": cold["real_step_s"], "peak_rss_mib": peak_rss_mib()}
 
 
 def _run_child(kind, spec_path, folder, variant, examples) -> dict:
@@ -297,14 +300,17 @@ def table(b1: dict, b2: dict, b3: dict, repeats: int) -> str:
         f"Warm >= 1.5x faster than AUTOTUNE: {_yes(b2['targets']['warm_ge_1.5x_autotune'])} "
         f"({b2['warm_speedup_over_autotune']:.1f}x). For reference, naive cold / cores = {b2['naive_over_cores_s']:.2f} s.",
         "",
-        "**B3, real consumer** (tf_keras MLP 16-256-256-2 trained on the same cores; one cold and one warm epoch)",
+        "**B3, real consumer** (tf_keras MLP 16-256-256-2 trained on the same cores; stall = 1 - step time "
+        "from memory / step time from the pipeline, for the epoch after the first (warm) and for the first (cold))",
         "",
-        "| pipeline | input stall | step ms from pipeline | step ms from memory | peak RSS MiB |",
-        "|---|---|---|---|---|",
+        "| pipeline | input stall, warm epoch | step ms from pipeline | step ms from memory | input stall, cold epoch "
+        "| peak RSS MiB |",
+        "|---|---|---|---|---|---|",
         *[f"| {name} | {m3[name]['stall_fraction']:.1%} | {m3[name]['real_step_s'] * 1e3:.2f} | "
-          f"{m3[name]['in_memory_step_s'] * 1e3:.2f} | {m3[name]['peak_rss_mib']:.0f} |" for name in ("autotune", "tuned")],
+          f"{m3[name]['in_memory_step_s'] * 1e3:.2f} | {m3[name]['cold_stall_fraction']:.1%} | "
+          f"{m3[name]['peak_rss_mib']:.0f} |" for name in ("autotune", "tuned")],
         "",
-        f"Target stall < 5%: {_yes(b3['targets']['tuned_stall_lt_5pct'])}. Peak RSS no higher than AUTOTUNE: "
+        f"Target stall < 5% (warm epoch): {_yes(b3['targets']['tuned_stall_lt_5pct'])}. Peak RSS no higher than AUTOTUNE: "
         f"{_yes(b3['targets']['tuned_rss_le_autotune'])}.",
         "",
     ]

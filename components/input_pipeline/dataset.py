@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
+
 from components.errors import InputDataError, SpecError
 from components.input_pipeline import cache as cache_keys
 from components.input_pipeline.shards import usable_shards
@@ -27,6 +29,44 @@ def _calls(value: int):
     if value == AUTOTUNE:
         return tf.data.AUTOTUNE
     return None if value <= 1 else value
+
+
+class DensePacker:
+    """Packs a batch's dense features into one [batch, n] tensor per dtype, and back.
+
+    Cached, shuffled elements then carry a few tensors instead of one per feature, which is
+    what per-element cost in tf.data scales with. The layout is read from static shapes when
+    the packing map is traced; anything not dense with a static shape passes through as is.
+    """
+
+    def __init__(self):
+        self.layout: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+
+    def pack(self, features: dict) -> dict:
+        import tensorflow as tf
+
+        groups: dict[str, list] = {}
+        passthrough = {}
+        for name in sorted(features):
+            value = features[name]
+            if isinstance(value, tf.Tensor) and value.shape[1:].is_fully_defined():
+                shape = tuple(value.shape[1:])
+                self.layout.setdefault(value.dtype.name, []).append((name, shape))
+                groups.setdefault(value.dtype.name, []).append(tf.reshape(value, [tf.shape(value)[0], -1]))
+            else:
+                passthrough[name] = value
+        packed = {f"__packed_{dtype}": tf.concat(parts, axis=1) for dtype, parts in groups.items()}
+        return {**packed, **passthrough}
+
+    def unpack(self, batch: dict) -> dict:
+        import tensorflow as tf
+
+        features = {k: v for k, v in batch.items() if not k.startswith("__packed_")}
+        for dtype, fields in self.layout.items():
+            sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in fields]
+            for (name, shape), part in zip(fields, tf.split(batch[f"__packed_{dtype}"], sizes, axis=1)):
+                features[name] = tf.reshape(part, [-1, *shape])
+        return features
 
 
 def dataset_options(spec: InputPipelineSpec, deterministic: bool):
@@ -86,10 +126,13 @@ def assemble(
         block_length=1, num_parallel_calls=_calls(spec.read_parallelism),
         deterministic=_ordered(_calls(spec.read_parallelism), deterministic),
     )
+    packer = None
     if spec.cache != "none" and num_epochs != 1:
         if spec.vectorized_parse:
+            packer = DensePacker()
             elements = records.batch(spec.parse_batch_size).map(
-                lambda r: parse(r, True), num_parallel_calls=parallel, deterministic=in_order).unbatch()
+                lambda r: _maybe_pack(packer, parse(r, True)), num_parallel_calls=parallel,
+                deterministic=in_order).unbatch()
         else:
             elements = records.map(lambda r: parse(r, False), num_parallel_calls=parallel, deterministic=in_order)
         if spec.cache == "memory":
@@ -103,6 +146,8 @@ def assemble(
         if num_epochs != 1:
             elements = elements.repeat(num_epochs)
         batches = elements.batch(batch_size)
+        if packer is not None and packer.layout:
+            batches = batches.map(packer.unpack, num_parallel_calls=parallel, deterministic=in_order)
     else:
         if shuffle:
             records = records.shuffle(spec.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
@@ -126,6 +171,11 @@ def assemble(
     if spec.prefetch != 0:
         batches = batches.prefetch(tf.data.AUTOTUNE if spec.prefetch == AUTOTUNE else spec.prefetch)
     return batches.with_options(dataset_options(spec, deterministic))
+
+
+def _maybe_pack(packer: DensePacker, parsed):
+    """Dict elements are packed; any other structure (a single tensor, a tuple) is left alone."""
+    return packer.pack(parsed) if isinstance(parsed, dict) else parsed
 
 
 def build_dataset(

@@ -11,11 +11,11 @@ import time
 WARMUP_STEPS = 2
 
 
-def _timed_steps(model, dataset, steps: int) -> float:
+def _timed_steps(model, dataset, steps: int, warmup: int) -> float:
     strategy = model.distribute_strategy
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     train_step = model.make_train_function()
-    for _ in range(WARMUP_STEPS):
+    for _ in range(warmup):
         train_step(iterator)
     start = time.perf_counter()
     for _ in range(steps):
@@ -24,20 +24,24 @@ def _timed_steps(model, dataset, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3) -> dict:
-    """{stall_fraction, real/in-memory seconds per step, steps}; `dataset` yields training batches."""
+def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmup: int = WARMUP_STEPS) -> dict:
+    """{stall_fraction, real/in-memory seconds per step, steps}; `dataset` yields training batches.
+
+    The first `warmup` steps of each run are not timed: 2 by default (tracing, first batch); a
+    whole epoch to time only the warm epochs that follow it.
+    """
     steps = max(1, steps)
-    batches = dataset.take(steps + WARMUP_STEPS).cache()
+    batches = dataset.take(steps + warmup).cache()
     count = int(batches.reduce(0, lambda n, _: n + 1))  # fills the in-memory cache
-    if count < steps + WARMUP_STEPS:
-        raise ValueError(f"input stall needs {steps + WARMUP_STEPS} batches, the dataset has {count}")
+    if count < steps + warmup:
+        raise ValueError(f"input stall needs {steps + warmup} batches, the dataset has {count}")
     saved = [v.numpy() for v in model.variables]
     optimizer_state = [v.numpy() for v in model.optimizer.variables()]
     try:
         real, memory = [], []
         for _ in range(repeats):
-            real.append(_timed_steps(model, dataset.take(steps + WARMUP_STEPS), steps))
-            memory.append(_timed_steps(model, batches, steps))
+            real.append(_timed_steps(model, dataset.take(steps + warmup), steps, warmup))
+            memory.append(_timed_steps(model, batches, steps, warmup))
     finally:
         for variable, value in zip(model.variables, saved):
             variable.assign(value)
@@ -46,7 +50,7 @@ def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3) -> di
         model.reset_metrics()
     real_step, memory_step = sorted(real)[len(real) // 2] / steps, sorted(memory)[len(memory) // 2] / steps
     return {"stall_fraction": max(0.0, 1.0 - memory_step / real_step), "real_step_s": real_step,
-            "in_memory_step_s": memory_step, "steps": steps, "repeats": repeats}
+            "in_memory_step_s": memory_step, "steps": steps, "warmup_steps": warmup, "repeats": repeats}
 
 
 STALL_FILE = "input_stall.json"

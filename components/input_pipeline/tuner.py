@@ -19,6 +19,7 @@ STATIC_OPTIMIZATIONS = {
     "noop_elimination": True, "parallel_batch": True, "shuffle_and_repeat_fusion": True,
 }
 MIB = 1024 * 1024
+FIRST_BATCH_LATENCY_S = 0.05  # a parse batch ahead of the cache should not delay the first batch more
 
 
 def _wait_ratio(wall: float, cpu: float) -> float:
@@ -77,9 +78,12 @@ def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compressi
             f"the parsed data (~{data_bytes / MIB:.0f} MiB) exceeds the in-memory budget of "
             f"{cache_budget / MIB:.0f} MiB, so it is snapshotted to local disk, keyed by a fingerprint of the "
             f"input; used only when the data is read more than once"))
-    parse_batch_size = decide("parse_batch_size", max(batch_size, min(1024, m.est_records // max(1, 4 * cores))), (
-        "records per vectorised parse ahead of the cache: large enough to amortise each call, small enough "
-        "that every core gets several batches"))
+    by_latency = int(FIRST_BATCH_LATENCY_S / m.map_wall_s_per_record) if m.map_wall_s_per_record > 0 else 1024
+    parse_batch_size = decide(
+        "parse_batch_size", max(batch_size, min(1024, m.est_records // max(1, 4 * cores), by_latency)), (
+            f"records per vectorised parse ahead of the cache: large enough to amortise each call, small enough "
+            f"that every core gets several batches and the first one is parsed within "
+            f"{FIRST_BATCH_LATENCY_S * 1e3:.0f} ms (at {_us(m.map_wall_s_per_record)} per record)"))
 
     element_bytes = max(1.0, m.parsed_bytes_per_record if cache != "none" else m.serialized_bytes_per_record)
     shuffle_budget = ram_budget // 4
