@@ -7,7 +7,7 @@ VENV := .venv
 export UV_PYTHON_DOWNLOADS := never
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: env run test bench bench-input clean
+.PHONY: env browser run test bench bench-input clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -24,7 +24,14 @@ env: $(UV)
 run: env
 	$(VENV)/bin/hpml run penguin --engine airflow
 
-test: env
+# The browser test drives Debian's chromium (never a downloaded browser); install it when missing.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@test -x $(CHROMIUM) || { echo "installing Debian's chromium for the browser test"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: env browser
 	$(VENV)/bin/python -m pytest
 
 # Benchmarks write benchmarks/results/*.json|md (and benchmarks/distillation.md); the README quotes them.

@@ -86,27 +86,9 @@ def _memory_child(args) -> None:
 
 
 def _gantt(order, costs, path, title):
-    import matplotlib
+    from components.trainer.gpipe.plot import plot_gantt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from components.trainer.gpipe import schedule
-
-    timeline = schedule.simulate(order, forward_cost=costs)
-    fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(order)))
-    for stage, kind, micro, start, end in timeline.events:
-        ax.barh(stage, end - start, left=start, color="tab:blue" if kind == "F" else "tab:orange",
-                edgecolor="black", linewidth=0.5)
-        ax.text((start + end) / 2, stage, f"{kind}{micro}", ha="center", va="center", fontsize=7, color="white")
-    ax.set_yticks(range(len(order)), [f"stage {s}" for s in range(len(order))])
-    ax.invert_yaxis()
-    ax.set_xlabel("time (ms, from measured per-stage micro-step costs)")
-    ax.set_title(f"{title}: bubble {timeline.bubble:.1%}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return timeline.bubble
+    return plot_gantt(order, costs, str(path), title)
 
 
 def main() -> None:

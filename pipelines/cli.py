@@ -1,4 +1,4 @@
-"""The `hpml` command line: run pipelines, list and compare run records."""
+"""The `hpml` command line: run pipelines, list and compare run records, open reports, run benchmarks."""
 from __future__ import annotations
 
 import argparse
@@ -82,6 +82,14 @@ def cmd_runs(args) -> int:
         for key in sorted(set(a.durations) | set(b.durations)):
             table.add_row(f"{key} seconds", _fmt(a.durations.get(key)), _fmt(b.durations.get(key)))
         console.print(table)
+        from pipelines.paths import hpml_home
+        from pipelines.report import plot_overlay
+
+        folder = os.path.join(hpml_home(), "compare")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{a.mlflow_run_id[:8]}_vs_{b.mlflow_run_id[:8]}.png")
+        plot_overlay([a.mlflow_run_id, b.mlflow_run_id], [a.run_name, b.run_name], path)
+        console.print(f"overlay plot: {path}", soft_wrap=True)
         return 0
     runs = records.recent(args.pipeline, args.limit)
     table = Table(title="recent runs")
@@ -97,6 +105,45 @@ def cmd_runs(args) -> int:
             run.data.params.get("epochs", "-"),
         )
     console.print(table)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from pipelines import records, report
+
+    mlflow_run_id = _resolve(args.run)
+    run_dir = records.load(mlflow_run_id).tags.get("hpml.run_dir")
+    path = report.report_path(run_dir) if run_dir else None
+    if args.rebuild or not path or not os.path.isfile(path):
+        path = report.build(mlflow_run_id)
+    print(path)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(f"file://{path}")
+    return 0
+
+
+BENCHMARKS = ("distributed", "gpipe", "distillation", "input_pipeline")
+
+
+def cmd_bench(args) -> int:
+    import subprocess
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    names = args.names or list(BENCHMARKS)
+    for name in names:
+        if name not in BENCHMARKS:
+            raise HpmlError(f"unknown benchmark {name!r}", hint=f"one of: {', '.join(BENCHMARKS)}")
+        if not (folder / f"{name}.py").is_file():
+            raise HpmlError(f"benchmark script {folder / f'{name}.py'} is missing",
+                            hint="benchmarks run from a checkout of the repository")
+    for name in names:
+        print(f"== benchmark {name}: results in benchmarks/results/{name}.md", flush=True)
+        done = subprocess.run([sys.executable, str(folder / f"{name}.py"), *args.extra], cwd=folder.parent)
+        if done.returncode != 0:
+            raise HpmlError(f"benchmark {name} failed with exit code {done.returncode}")
     return 0
 
 
@@ -138,6 +185,18 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--pipeline", default=None)
     runs.add_argument("--limit", type=int, default=20)
     runs.set_defaults(func=cmd_runs)
+
+    report = sub.add_parser("report", help="print the path of a run's HTML report (writing it if missing)")
+    report.add_argument("run", help="MLflow run id, or the run's name (hpml or Airflow run id)")
+    report.add_argument("--open", action="store_true", help="also open it in a web browser")
+    report.add_argument("--rebuild", action="store_true", help="write it again from the run record")
+    report.set_defaults(func=cmd_report)
+
+    bench = sub.add_parser("bench", help="run benchmarks; each writes benchmarks/results/<name>.json and .md")
+    bench.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(BENCHMARKS)} (default: all)")
+    bench.add_argument("--arg", dest="extra", action="append", default=[], metavar="ARG",
+                       help="passed to each benchmark script, e.g. --arg=--repeats --arg=7")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

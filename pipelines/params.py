@@ -39,6 +39,18 @@ def training_params_schema(default_data_path: str) -> dict:
                 "title": "Distribution strategy",
                 "description": "tf.distribute strategy, or gpipe; auto picks one from the devices and cluster.",
             },
+            "launcher": {
+                "type": "string", "enum": ["local", "kubernetes", "vertex"], "default": "local",
+                "title": "Launcher",
+                "description": "Where Trainer workers run: local processes on loopback; kubernetes (Kubeflow "
+                               "TFJob) and vertex (Vertex AI CustomJob) need a container image and a cluster.",
+            },
+            "remat": {
+                "type": "string", "enum": ["never", "except_last", "always"], "default": "except_last",
+                "title": "Rematerialisation (gpipe)",
+                "description": "With strategy gpipe: recompute each stage's activations in the backward pass "
+                               "for every micro-batch (always), all but the last (except_last), or none (never).",
+            },
             "num_workers": {
                 "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
                 "title": "Workers",
@@ -73,6 +85,10 @@ def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
         raise SpecError(f"parameter {field!r}: {err.message}", hint=_hint(schema, err))
     if "data_path" in merged:
         merged["data_path"] = confine(merged["data_path"], "data_path")
+    if merged.get("launcher", "local") != "local":
+        raise SpecError(f"parameter 'launcher': {merged['launcher']!r} submits to a remote cluster, which needs a "
+                        "container image of this project and cluster credentials that this deployment does not "
+                        "configure", hint="use launcher local here; see infra/README.md for TFJob and Vertex AI")
     return merged
 
 

@@ -46,8 +46,9 @@ PIPELINE = Pipeline(
                 "module": MODULE,
                 "hyperparameters": {
                     "epochs": p["epochs"], "batch_size": p["batch_size"], "learning_rate": p["learning_rate"],
-                    "gradient_accumulation_steps": p["gradient_accumulation_steps"],
+                    "gradient_accumulation_steps": p["gradient_accumulation_steps"], "remat": p["remat"],
                 },
+                "launcher": p["launcher"],
                 "strategy": p["strategy"],
                 "num_workers": p["num_workers"],
             },

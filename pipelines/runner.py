@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from pipelines import params as params_mod
-from pipelines import records
+from pipelines import records, report
 from pipelines.definition import Pipeline
 from pipelines.paths import artifact_root
 
@@ -64,6 +64,7 @@ def start(pipeline: Pipeline, values: Mapping[str, Any], run_id: str | None = No
     run_dir = os.path.join(artifact_root(), pipeline.name, safe_run_id(run_id))
     mlflow_run_id = records.start(pipeline.name, run_id, validated, {"hpml.run_dir": run_dir, **(tags or {})})
     log.info("run %s of %s: artifacts under %s, record %s", run_id, pipeline.name, run_dir, mlflow_run_id)
+    log.info("run report (written when the run finishes): %s", report.report_path(run_dir))
     return RunContext(pipeline.name, run_id, run_dir, validated, mlflow_run_id)
 
 
@@ -85,11 +86,22 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
     for name, uri in outputs.items():
         log.info("%s: %s -> %s", node.id, name, uri)
     log.info("%s: done in %.1fs", node.id, seconds)
+    log.info("run report (written when the run finishes): %s", report.report_path(context.run_dir))
     return NodeResult(node.id, outputs, properties, seconds)
 
 
-def finish(context: RunContext) -> None:
+def finish(context: RunContext) -> str | None:
+    """Close the run record and write the run report; returns the report's path."""
     records.finish(context.mlflow_run_id)
+    try:
+        path = report.build(context.mlflow_run_id)
+    except Exception as err:  # noqa: BLE001 - a report failure must not fail a finished run
+        log.exception("the run report could not be written")
+        records.client().set_tag(context.mlflow_run_id, "hpml.report_error", f"{type(err).__name__}: {err}"[:5000])
+        return None
+    records.client().set_tag(context.mlflow_run_id, "hpml.report", path)
+    log.info("run report: %s", path)
+    return path
 
 
 def run_local(pipeline: Pipeline, values: Mapping[str, Any], run_id: str | None = None) -> RunContext:

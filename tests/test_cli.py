@@ -1,5 +1,6 @@
 """The hpml command line, run as a user would: a local pipeline run, runs, compare, errors."""
 import os
+import re
 import subprocess
 import sys
 
@@ -44,6 +45,28 @@ def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run)
     epochs_row = next(line for line in done.stdout.splitlines() if "param epochs" in line)
     assert [cell.strip() for cell in epochs_row.split("│")][2:4] == ["3", "1"]
     assert "eval accuracy" in done.stdout
+    plot = done.stdout.split("overlay plot: ")[1].split()[0]
+    assert open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_prints_the_run_reports_path(local_run):
+    from pipelines import records
+
+    run = records.load(records.recent("penguin", 1)[0].info.run_id)
+    done = _hpml("report", run.run_name)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == run.tags["hpml.report"] and os.path.isfile(done.stdout.strip())
+    assert "run report: " + run.tags["hpml.report"] in local_run.stderr
+
+
+def test_help_lists_the_commands_the_readme_documents():
+    done = _hpml("--help")
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    for command in ("run", "runs", "report", "bench"):
+        assert re.search(rf"^    {command}\b", done.stdout, re.M), command
+        assert f"hpml {command}" in readme, command
+    bench = _hpml("bench", "--help").stdout
+    assert "distributed, gpipe, distillation, input_pipeline" in bench
 
 
 @pytest.mark.parametrize("args, first_line", [
@@ -51,6 +74,11 @@ def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run)
     (("run", "penguin", "--param", "epochs"), "error: --param 'epochs' is not NAME=VALUE"),
     (("run", "walrus"), "error: unknown pipeline 'walrus'"),
     (("runs", "compare", "nope", "nada"), "error: no run 'nope' in the run records"),
+    (("report", "nope"), "error: no run 'nope' in the run records"),
+    (("bench", "walrus"), "error: unknown benchmark 'walrus'"),
+    (("run", "penguin", "--param", "launcher=vertex"), "error: parameter 'launcher': 'vertex' submits to a remote "
+     "cluster, which needs a container image of this project and cluster credentials that this deployment does "
+     "not configure"),
 ])
 def test_errors_are_one_line_plus_hint_without_traceback(args, first_line):
     done = _hpml(*args)

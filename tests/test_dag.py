@@ -24,9 +24,13 @@ def test_dagbag_imports_the_penguin_dag(airflow_db):
     assert [a.name for a in outlets] == ["penguin.model"]
     form = dag.params.dump()
     assert set(form) == {"data_path", "epochs", "batch_size", "learning_rate", "strategy", "skip_bad_rows",
-                         "num_workers", "gradient_accumulation_steps"}
-    schema = dag.params.get_param("strategy").schema
-    assert "mirrored" in schema["enum"] and schema["title"]
+                         "num_workers", "gradient_accumulation_steps", "launcher", "remat"}
+    schemas = {name: dag.params.get_param(name).schema for name in form}
+    assert all(s["title"] for s in schemas.values()), "every field has a title"
+    assert all(dag.params.get_param(name).description for name in form), "and a description"
+    assert "mirrored" in schemas["strategy"]["enum"] and schemas["remat"]["enum"] == ["never", "except_last", "always"]
+    assert schemas["launcher"]["enum"] == ["local", "kubernetes", "vertex"]
+    assert all("minimum" in s and "maximum" in s for s in schemas.values() if s["type"] == "integer")
     assert "epochs" in dag.doc_md and "Distribution strategy" in dag.doc_md
 
 

@@ -64,6 +64,53 @@ def read_metrics(model_run_dir: str) -> list[dict]:
 PROGRESS_FILE = "progress.json"
 
 
+def progress_mode(stream=None) -> str:
+    """'bar' on an interactive terminal, 'plain' in logs and CI; HPML_PROGRESS=bar|plain overrides."""
+    import sys
+
+    forced = os.environ.get("HPML_PROGRESS", "").lower()
+    if forced in ("bar", "plain"):
+        return forced
+    stream = stream or sys.stderr
+    return "bar" if hasattr(stream, "isatty") and stream.isatty() and not os.environ.get("CI") else "plain"
+
+
+class TerminalProgress(tf_keras.callbacks.Callback):
+    """A rich progress bar over all training steps, with rate and ETA, for people at a terminal.
+
+    Logs and CI get the plain per-epoch lines of EpochMetricsLogger instead.
+    """
+
+    def __init__(self, epochs: int, console=None):
+        super().__init__()
+        self._epochs = epochs
+        self._console = console
+        self._progress = None
+
+    def on_train_begin(self, logs=None):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        steps = (self.params or {}).get("steps") or 0
+        self._progress = Progress(TextColumn("[bold]training[/] {task.description}"), BarColumn(),
+                                  MofNCompleteColumn(), TextColumn("steps"), TimeRemainingColumn(),
+                                  console=self._console, transient=False)
+        self._progress.start()
+        self._task = self._progress.add_task(f"epoch 1/{self._epochs}", total=steps * self._epochs or None)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._progress.update(self._task, description=f"epoch {epoch + 1}/{self._epochs}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._progress.advance(self._task)
+
+    def on_epoch_end(self, epoch, logs=None):
+        shown = " ".join(f"{k}={float(v):.4f}" for k, v in sorted((logs or {}).items()))
+        self._progress.update(self._task, description=f"epoch {epoch + 1}/{self._epochs} {shown}")
+
+    def on_train_end(self, logs=None):
+        self._progress.stop()
+
+
 class ProgressReporter(tf_keras.callbacks.Callback):
     """Publishes the global step (and the step training resumed from) to a small JSON file,
     so a launcher can tell how many steps a failure cost and when training is moving again."""
@@ -128,4 +175,6 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
     # batch-level callbacks are not allowed.
     if is_chief() and strategy_name != "parameter_server":
         callbacks.append(ProgressReporter(os.path.join(fn_args.working_dir, "progress")))
+        if progress_mode() == "bar":
+            callbacks.append(TerminalProgress(epochs))
     return callbacks

@@ -1,0 +1,242 @@
+"""One self-contained HTML report per pipeline run, with its plots as PNGs beside it.
+
+Built from the run record (MLflow) and the run's artifacts: parameters, the strategy Plan and
+its reasons, loss and metric curves, throughput and step time, the input pipeline's per-stage
+breakdown and stall, the GPipe schedule, restarts and recovery, and component durations.
+`report.json` holds the plotted numbers so they can be checked against the record.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import shutil
+
+from components import artifacts
+from components.errors import HpmlError
+from pipelines import records
+
+REPORT_DIR = "report"
+REPORT_FILE = "report.html"
+CURVE_GROUPS = {
+    "curves.png": ("Loss and accuracy per epoch", [("loss", "val_loss"), ("accuracy", "val_accuracy")]),
+    "throughput.png": ("Throughput and step time per epoch", [("examples_per_sec",), ("step_time_ms",)]),
+}
+
+
+def report_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, REPORT_DIR)
+
+
+def report_path(run_dir: str) -> str:
+    return os.path.join(report_dir(run_dir), REPORT_FILE)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_series(series: dict[str, list], panels: list[tuple[str, ...]], title: str, path: str) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)
+    for ax, names in zip(axes[0], panels):
+        for name in names:
+            points = series.get(name) or []
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        ax.set_xlabel("epoch")
+        ax.set_title(" / ".join(names))
+        ax.grid(alpha=0.3)
+        if any(series.get(n) for n in names):
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_durations(durations: dict[str, float], path: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(durations) + 1.5))
+    names = list(durations)
+    ax.barh(names, [durations[n] for n in names], color="tab:green")
+    for y, name in enumerate(names):
+        ax.annotate(f" {durations[name]:.1f} s", (durations[name], y), va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title("Component durations")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _read_json(path: str | None):
+    if path and os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    return None
+
+
+def collect(mlflow_run_id: str) -> dict:
+    """Everything the report shows, as plain data."""
+    summary = records.load(mlflow_run_id)
+    run = records.client().get_run(mlflow_run_id)
+    metrics = run.data.metrics
+    names = {n for group in CURVE_GROUPS.values() for panel in group[1] for n in panel}
+    series = {name: [list(p) for p in records.history(mlflow_run_id, name)] for name in sorted(names) if name in metrics}
+    order = ["ExampleGen", "Transform", "Trainer"]
+    durations = dict(sorted(summary.durations.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
+                                                                        else len(order), kv[0])))
+    trainer = summary.outputs.get("Trainer", {})
+    pipeline_dir = summary.outputs.get("Transform", {}).get("input_pipeline")
+    run_dir = trainer.get("model_run")
+    return {
+        "run_name": summary.run_name, "mlflow_run_id": mlflow_run_id, "status": summary.status,
+        "pipeline": summary.tags.get("hpml.pipeline", ""), "params": dict(sorted(summary.params.items())),
+        "eval_metrics": summary.eval_metrics, "durations": durations, "series": series,
+        "plan": _read_json(os.path.join(run_dir, "plan.json")) if run_dir else None,
+        "gpipe": _read_json(os.path.join(run_dir, "gpipe.json")) if run_dir else None,
+        "input_stall": _read_json(os.path.join(run_dir, "input_stall.json")) if run_dir else None,
+        "input_stages": _read_json(os.path.join(pipeline_dir, "stages.json")) if pipeline_dir else None,
+        "input_stages_png": os.path.join(pipeline_dir, "stages.png") if pipeline_dir else None,
+        "input_decisions": {k[len("input_pipeline."):]: v for k, v in summary.tags.items()
+                            if k.startswith("input_pipeline.")},
+        "distributed": {k: metrics[k] for k in ("restarts", "steps_lost", "recovery_seconds") if k in metrics},
+        "failed_node": summary.tags.get("hpml.failed_node"), "error": summary.tags.get("hpml.error"),
+        "run_dir": summary.tags.get("hpml.run_dir"),
+    }
+
+
+def _img(path: str, alt: str) -> str:
+    with open(path, "rb") as handle:
+        data = base64.b64encode(handle.read()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _table(rows, header=("", "")) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}"
+         "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;"
+         "text-align:left;font-size:14px}img{max-width:100%;border:1px solid #eee;margin:.5em 0}"
+         "h2{border-bottom:1px solid #ddd;padding-bottom:.2em}.bad{color:#b00}")
+
+
+def render(data: dict, pngs: dict[str, str]) -> str:
+    """The HTML page; `pngs` maps each plot's name to its file."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>hpml run {html.escape(data['run_name'])}"
+             f"</title><style>{STYLE}</style></head><body>",
+             f"<h1>{html.escape(data['pipeline'])} run {html.escape(data['run_name'])}</h1>",
+             f"<p>Status <b>{html.escape(data['status'])}</b>; MLflow run <code>{data['mlflow_run_id']}</code>; "
+             f"artifacts <code>{html.escape(str(data['run_dir']))}</code>.</p>"]
+    if data["failed_node"]:
+        parts.append(f"<p class='bad'>Failed in {html.escape(data['failed_node'])}: "
+                     f"{html.escape(data['error'] or '')}</p>")
+    parts.append("<h2>Parameters</h2>" + _table(data["params"].items(), ("parameter", "value")))
+    if data["eval_metrics"]:
+        parts.append("<h2>Evaluation</h2>" + _table(
+            [(k, f"{v:.4f}") for k, v in sorted(data["eval_metrics"].items())], ("metric", "value")))
+    if data["plan"]:
+        plan = data["plan"]
+        reasons = "".join(f"<li>{html.escape(r)}</li>" for r in plan.get("reasons", []))
+        parts.append(f"<h2>Strategy plan: {html.escape(plan.get('strategy', '?'))}</h2><ul>{reasons}</ul>")
+    for name, (title, _) in CURVE_GROUPS.items():
+        if name in pngs:
+            parts.append(f"<h2>{title}</h2>" + _img(pngs[name], title))
+    parts.append("<h2>Input pipeline</h2>")
+    if data["input_stall"]:
+        stall = data["input_stall"]
+        parts.append(f"<p>Input stall: <b>{stall['stall_fraction']:.1%}</b> of each step waits on input "
+                     f"({stall['real_step_s'] * 1e3:.2f} ms per step from the pipeline, "
+                     f"{stall['in_memory_step_s'] * 1e3:.2f} ms from memory, {stall['steps']} steps).</p>")
+    if data["input_stages"]:
+        parts.append(f"<p>{html.escape(data['input_stages']['recommendation'])}</p>")
+    if "input_stages.png" in pngs:
+        parts.append(_img(pngs["input_stages.png"], "tf.data per-stage breakdown"))
+    if data["input_decisions"]:
+        parts.append(_table(sorted(data["input_decisions"].items()), ("decision", "value")))
+    if data["gpipe"]:
+        g = data["gpipe"]
+        parts.append(f"<h2>GPipe schedule</h2><p>K={g['num_stages']} stages, M={g['num_micro_batches']} "
+                     f"micro-batches, schedule {g['schedule']}, remat {g['remat']}, balance {g['balance']}; "
+                     f"bubble {g['measured_bubble']:.1%} from measured stage costs against "
+                     f"{g['expected_bubble']:.1%} expected.</p>")
+        if "gantt.png" in pngs:
+            parts.append(_img(pngs["gantt.png"], "GPipe schedule"))
+    if data["distributed"]:
+        parts.append("<h2>Fault tolerance</h2>" + _table(
+            [(k.replace("_", " "), f"{v:g}") for k, v in data["distributed"].items()], ("measure", "value")))
+    if "durations.png" in pngs:
+        parts.append("<h2>Component durations</h2>" + _img(pngs["durations.png"], "component durations"))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def build(mlflow_run_id: str, log_to_mlflow: bool = True) -> str:
+    """Write the report (atomically) under the run directory; returns report.html's path."""
+    data = collect(mlflow_run_id)
+    if not data["run_dir"]:
+        raise HpmlError(f"run {mlflow_run_id} has no run directory tag", hint="was it started by hpml?")
+    with artifacts.publish(report_dir(data["run_dir"])) as out:
+        pngs = {}
+        for name, (title, panels) in CURVE_GROUPS.items():
+            if any(data["series"].get(n) for panel in panels for n in panel):
+                pngs[name] = os.path.join(out, name)
+                _plot_series(data["series"], panels, title, pngs[name])
+        if data["durations"]:
+            pngs["durations.png"] = os.path.join(out, "durations.png")
+            _plot_durations(data["durations"], pngs["durations.png"])
+        if data["input_stages_png"] and os.path.isfile(data["input_stages_png"]):
+            pngs["input_stages.png"] = shutil.copy(data["input_stages_png"], os.path.join(out, "input_stages.png"))
+        if data["gpipe"] and data["gpipe"].get("stage_costs_s"):
+            from components.trainer.gpipe import schedule
+            from components.trainer.gpipe.plot import plot_gantt
+
+            g = data["gpipe"]
+            order = schedule.build(g["schedule"], g["num_stages"], g["num_micro_batches"])
+            pngs["gantt.png"] = os.path.join(out, "gantt.png")
+            plot_gantt(order, [1e3 * c for c in g["stage_costs_s"]], pngs["gantt.png"],
+                       f"{g['schedule']} K={g['num_stages']} M={g['num_micro_batches']}")
+        with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as handle:
+            json.dump({k: v for k, v in data.items() if k != "input_stages"}, handle, indent=2, default=str)
+        with open(os.path.join(out, REPORT_FILE), "w", encoding="utf-8") as handle:
+            handle.write(render(data, pngs))
+    final = report_dir(data["run_dir"])
+    if log_to_mlflow:
+        records.client().log_artifacts(mlflow_run_id, final, artifact_path=REPORT_DIR)
+    return os.path.join(final, REPORT_FILE)
+
+
+def plot_overlay(run_ids: list[str], labels: list[str], path: str) -> dict[str, dict[str, list]]:
+    """Both runs' per-epoch curves on shared axes; returns the plotted series per run."""
+    names = [("loss", "val_loss"), ("accuracy", "val_accuracy"), ("examples_per_sec",)]
+    plotted = {label: {n: [list(p) for p in records.history(run_id, n)] for panel in names for n in panel}
+               for run_id, label in zip(run_ids, labels)}
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 3.8))
+    styles = ["-", "--"]
+    for ax, panel in zip(axes, names):
+        for (label, series), style in zip(plotted.items(), styles):
+            for name in panel:
+                points = series[name]
+                if points:
+                    ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", markersize=3,
+                            label=f"{name} ({label})")
+        ax.set_xlabel("epoch")
+        ax.set_title(" / ".join(panel))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{labels[0]} (solid) vs {labels[1]} (dashed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return plotted

@@ -1,0 +1,125 @@
+"""A real Airflow on loopback for browser tests: api-server, scheduler and dag-processor on SQLite.
+
+Started as separate processes in their own AIRFLOW_HOME, exactly as `airflow standalone` would,
+but with a known admin password, a free port and the project's dags/ folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+USERNAME, PASSWORD = "admin", "hpml-browser-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class AirflowStack:
+    def __init__(self, home: Path, extra_env: dict[str, str] | None = None):
+        self.home = Path(home)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.processes: list[subprocess.Popen] = []
+        passwords = self.home / "passwords.json"
+        self.home.mkdir(parents=True, exist_ok=True)
+        passwords.write_text(json.dumps({USERNAME: PASSWORD}))
+        self.env = dict(
+            os.environ,
+            AIRFLOW_HOME=str(self.home),
+            AIRFLOW__CORE__DAGS_FOLDER=str(PROJECT_ROOT / "dags"),
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__UNIT_TEST_MODE="False",
+            AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+            AIRFLOW__CORE__PARALLELISM="2",
+            AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USERNAME}:admin",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords),
+            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.url}/execution/",
+            AIRFLOW__API__BASE_URL=self.url,
+            AIRFLOW__API__HOST="127.0.0.1",
+            AIRFLOW__API__PORT=str(self.port),
+            AIRFLOW__API__WORKERS="1",
+            AIRFLOW__API_AUTH__JWT_SECRET="hpml-browser-test-secret",
+            AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+            AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
+            AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
+            HPML_PROGRESS="plain",
+            **(extra_env or {}),
+        )
+        self.logs = self.home / "logs-stack"
+        self.logs.mkdir(exist_ok=True)
+
+    def _airflow(self, *args) -> list[str]:
+        return [str(Path(sys.executable).with_name("airflow")), *args]
+
+    def start(self, timeout: float = 240) -> "AirflowStack":
+        subprocess.run(self._airflow("db", "migrate"), env=self.env, check=True, capture_output=True)
+        for name, args in (("api-server", ("api-server", "--port", str(self.port), "--host", "127.0.0.1")),
+                           ("scheduler", ("scheduler",)), ("dag-processor", ("dag-processor",))):
+            log = open(self.logs / f"{name}.log", "w")
+            self.processes.append(subprocess.Popen(self._airflow(*args), env=self.env, stdout=log,
+                                                   stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"the Airflow api-server did not come up on {self.url}: see {self.logs}")
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 240) -> None:
+        """Until the dag-processor has parsed `dag_id` and the API serves it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                self.api(f"dags/{dag_id}/details")
+                return
+            except OSError:
+                time.sleep(2)
+        raise TimeoutError(f"DAG {dag_id} was not parsed in {timeout}s: see {self.logs}")
+
+    def _check_alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{' '.join(process.args[1:2])} exited with {process.returncode}; "
+                                   f"logs in {self.logs}")
+
+    def token(self) -> str:
+        request = urllib.request.Request(f"{self.url}/auth/token", method="POST",
+                                         data=json.dumps({"username": USERNAME, "password": PASSWORD}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())["access_token"]
+
+    def api(self, path: str) -> dict:
+        request = urllib.request.Request(f"{self.url}/api/v2/{path}",
+                                         headers={"Authorization": f"Bearer {self.token()}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

@@ -1,0 +1,135 @@
+"""The Airflow UI as a person uses it: log in, trigger the penguin DAG from its form, watch it finish.
+
+A real Airflow (api-server, scheduler, dag-processor, LocalExecutor, SQLite) on loopback, driven
+by Playwright in Debian's chromium. Screenshots land in test-artifacts/browser/.
+"""
+import os
+import re
+import shutil
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from airflow_stack import PASSWORD, USERNAME, AirflowStack
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
+RUN_TIMEOUT_S = 600
+
+if not os.path.exists(CHROMIUM):
+    pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    airflow = AirflowStack(tmp_path_factory.mktemp("airflow-ui"), {"HPML_SCHEDULE": "none"}).start()
+    airflow.wait_for_dag("penguin")
+    yield airflow
+    airflow.stop()
+
+
+@pytest.fixture(scope="module")
+def page(stack):
+    from playwright.sync_api import sync_playwright
+
+    shutil.rmtree(SHOTS, ignore_errors=True)
+    SHOTS.mkdir(parents=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        page.goto(f"{stack.url}/dags/penguin")
+        page.get_by_label("Username").fill(USERNAME)
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url("**/dags/penguin")
+        page.get_by_text("finish_run").first.wait_for()  # the DAG's task list is shown
+        page.screenshot(path=SHOTS / "01-dag.png")
+        yield page
+        browser.close()
+
+
+def _open_trigger_form(page, stack):
+    page.goto(f"{stack.url}/dags/penguin")
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text("Run Parameters").wait_for()
+    return dialog
+
+
+def _choose(page, dialog, field: str, value: str):
+    """Pick `value` in the select whose hidden input is element_<field>."""
+    row = dialog.locator(f"input[name=element_{field}]").locator("xpath=..")
+    row.get_by_role("combobox").click()
+    page.get_by_role("option", name=value, exact=True).click()
+
+
+def _trigger(page, dialog) -> str:
+    dialog.get_by_role("button", name="Trigger").click()
+    page.wait_for_url(re.compile(r".*/dags/penguin/runs/.+"))
+    return urllib.parse.unquote(page.url.rsplit("/runs/", 1)[1].split("?")[0].strip("/"))
+
+
+def _wait_for_run(stack, run_id: str) -> dict:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        run = stack.api(f"dags/penguin/dagRuns/{urllib.parse.quote(run_id, safe='')}")
+        if run["state"] in ("success", "failed"):
+            return run
+        time.sleep(3)
+    raise TimeoutError(f"run {run_id} did not finish in {RUN_TIMEOUT_S}s; logs in {stack.logs}")
+
+
+def _task_states(stack, run_id: str) -> dict:
+    found = stack.api(f"dags/penguin/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances")
+    return {t["task_id"]: t["state"] for t in found["task_instances"]}
+
+
+def test_form_trigger_runs_the_pipeline_with_exactly_those_values(page, stack):
+    from pipelines import records
+
+    dialog = _open_trigger_form(page, stack)
+    # The form explains itself: titles, descriptions and enum choices come from the Params.
+    for text in ("Distribution strategy", "Rematerialisation (gpipe)", "Full passes over the train split."):
+        assert dialog.get_by_text(text).first.is_visible(), text
+    dialog.locator("input[name=element_epochs]").fill("2")
+    _choose(page, dialog, "strategy", "mirrored")
+    dialog.screenshot(path=SHOTS / "02-trigger-form.png")
+    run_id = _trigger(page, dialog)
+
+    run = _wait_for_run(stack, run_id)
+    page.reload()
+    page.get_by_text("finish_run").first.wait_for()
+    page.screenshot(path=SHOTS / "03-finished-run.png", full_page=True)
+    assert run["state"] == "success", (_task_states(stack, run_id), stack.logs)
+    assert run["conf"]["epochs"] == 2 and run["conf"]["strategy"] == "mirrored"
+
+    mlflow_run_id = records.find("airflow.run_id", run_id, "penguin")
+    summary = records.load(mlflow_run_id)
+    assert summary.params["epochs"] == "2" and summary.params["strategy"] == "mirrored"
+    assert summary.params["batch_size"] == "32", "untouched fields keep their defaults"
+    assert summary.tags["hpml.strategy"] == "mirrored"
+    assert len(records.history(mlflow_run_id, "loss")) == 2
+
+
+def test_form_refuses_invalid_values(page, stack):
+    dialog = _open_trigger_form(page, stack)
+    epochs = dialog.locator("input[name=element_epochs]")
+    epochs.fill("0")
+    dialog.locator("input[name=element_batch_size]").click()
+    assert epochs.input_value() == "1", "the form holds epochs to its minimum"
+
+    # What the schema cannot say (allowed data roots) is refused by the run's first task, before any work.
+    dialog.locator("input[name=element_data_path]").fill("/etc/passwd")
+    run_id = _trigger(page, dialog)
+    assert _wait_for_run(stack, run_id)["state"] == "failed"
+    states = _task_states(stack, run_id)
+    assert states["start_run"] == "failed" and states["ExampleGen"] == "upstream_failed"
+    page.goto(f"{stack.url}/dags/penguin/runs/{urllib.parse.quote(run_id, safe='')}/tasks/start_run")
+    message = page.get_by_text("outside the allowed data roots").first
+    message.wait_for()
+    page.screenshot(path=SHOTS / "04-refused-value.png", full_page=True)

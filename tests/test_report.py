@@ -1,0 +1,93 @@
+"""Run reports: written by the real DAG run, plots that exist and match the MLflow record."""
+import json
+import os
+import re
+
+import pytest
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def report(penguin_dag_run):
+    from pipelines import records
+
+    path = records.load(penguin_dag_run["mlflow_run_id"]).tags["hpml.report"]
+    folder = os.path.dirname(path)
+    return {"path": path, "folder": folder, "html": open(path, encoding="utf-8").read(),
+            "data": json.load(open(os.path.join(folder, "report.json"))), "run": penguin_dag_run}
+
+
+def test_the_dag_run_wrote_its_report_under_the_run_dir(report):
+    summary = report["run"]["summary"]
+    assert report["path"] == os.path.join(summary.tags["hpml.run_dir"], "report", "report.html")
+    for name in ("curves.png", "throughput.png", "durations.png", "input_stages.png"):
+        raw = open(os.path.join(report["folder"], name), "rb").read()
+        assert raw.startswith(PNG) and len(raw) > 5000, name
+    # Self-contained: every plot is embedded, nothing is linked.
+    assert len(re.findall(r'src="data:image/png;base64,', report["html"])) == 4
+    assert "<img" in report["html"] and 'src="http' not in report["html"]
+
+
+def test_plotted_curves_are_the_recorded_metrics(report):
+    from pipelines import records
+
+    run_id = report["run"]["mlflow_run_id"]
+    series = report["data"]["series"]
+    for name in ("loss", "val_loss", "accuracy", "val_accuracy", "examples_per_sec", "step_time_ms"):
+        assert [tuple(p) for p in series[name]] == records.history(run_id, name), name
+    assert len(series["loss"]) == report["run"]["conf"]["epochs"]
+    assert report["data"]["durations"] == report["run"]["summary"].durations
+
+
+def test_report_shows_params_plan_input_pipeline_and_durations(report):
+    page, conf = report["html"], report["run"]["conf"]
+    assert f"<td>epochs</td><td>{conf['epochs']}</td>" in page
+    assert "Strategy plan: one_device" in page and "<li>" in page
+    assert "Input stall:" in page and "Slowest stage:" in page
+    assert "Component durations" in page and "ExampleGen" in report["data"]["durations"]
+
+
+def test_report_is_logged_to_mlflow(report):
+    from pipelines import records
+
+    logged = {a.path for a in records.client().list_artifacts(report["run"]["mlflow_run_id"], "report")}
+    assert {"report/report.html", "report/curves.png", "report/report.json"} <= logged
+
+
+def test_progress_mode_follows_the_terminal(monkeypatch):
+    import io
+
+    from components.trainer.callbacks import progress_mode
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("HPML_PROGRESS", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    assert progress_mode(io.StringIO()) == "plain" and progress_mode(Tty()) == "bar"
+    monkeypatch.setenv("CI", "true")
+    assert progress_mode(Tty()) == "plain"
+    monkeypatch.setenv("HPML_PROGRESS", "bar")
+    assert progress_mode(io.StringIO()) == "bar"
+
+
+def test_terminal_progress_bar_counts_every_step_with_an_eta():
+    import io
+
+    import numpy as np
+    import tf_keras
+    from rich.console import Console
+
+    from components.trainer.callbacks import TerminalProgress
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.ones((40, 2), "float32")
+    model.fit(x, x[:, :1], batch_size=10, epochs=3, verbose=0, callbacks=[TerminalProgress(3, console=console)])
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert "12/12 steps" in text and "epoch 3/3 loss=" in text
+    assert re.search(r"\d+:\d\d:\d\d", text), "an ETA column"
