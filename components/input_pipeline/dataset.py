@@ -1,9 +1,9 @@
 """`build_dataset`: an InputPipelineSpec applied to TFRecord shards, giving a batched tf.data.Dataset.
 
 The order of operations is fixed here so that every spec, tuned or baseline, yields the same
-elements: records -> [parse -> cache] -> shuffle -> repeat -> batch -> [parse] -> label -> prefetch.
-The expensive parse (and any transform) runs before the cache; `post_cache`, a map that grows
-memory, runs after it.
+elements: chunks of records per shard -> [parse -> cache] -> shuffle chunks -> repeat -> permute
+windows of chunks -> batch -> [parse] -> label -> prefetch. The expensive parse (and any
+transform) runs before the cache; `post_cache`, a map that grows memory, runs after it.
 """
 from __future__ import annotations
 
@@ -89,6 +89,46 @@ def dataset_options(spec: InputPipelineSpec, deterministic: bool):
     return options
 
 
+def _permute(window, seed: int, index):
+    """The window's rows in a random order drawn from (seed, window index): reproducible."""
+    import tensorflow as tf
+
+    rows = _rows(window) if isinstance(window, dict) else tf.shape(window)[0]
+    order = tf.argsort(tf.random.stateless_uniform([rows], seed=tf.stack([tf.constant(seed, tf.int64), index])))
+
+    def take(value):
+        if isinstance(value, tf.SparseTensor):
+            return tf.gather(tf.RaggedTensor.from_sparse(value), order).to_sparse()
+        return tf.gather(value, order)
+
+    return tf.nest.map_structure(take, window, expand_composites=False)
+
+
+def _rows(structure):
+    import tensorflow as tf
+
+    first = next(iter(structure.values()))
+    return first.dense_shape[0] if isinstance(first, tf.SparseTensor) else tf.shape(first)[0]
+
+
+def _shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epochs, seed):
+    """Chunks in a shuffled order, then each window of chunks permuted as a whole.
+
+    Everything here works on chunks and windows, never on single records, so its cost does not
+    grow with the record count. A window holds `shuffle_buffer` records: when that covers the
+    data, each epoch is a full random permutation.
+    """
+    window_chunks = max(1, spec.shuffle_buffer // spec.parse_batch_size)
+    if shuffle:
+        chunks = chunks.shuffle(window_chunks, seed=seed, reshuffle_each_iteration=True)
+    if num_epochs != 1:
+        chunks = chunks.repeat(num_epochs)
+    if shuffle:
+        chunks = chunks.rebatch(window_chunks * spec.parse_batch_size).enumerate().map(
+            lambda index, window: _permute(window, seed, index))
+    return chunks
+
+
 def assemble(
     spec: InputPipelineSpec,
     sources: Sequence[str],
@@ -108,12 +148,17 @@ def assemble(
 ):
     """The spec's pipeline over any sources: `open_source` maps a source name to a dataset of records.
 
-    `transform` is elementwise over the leading axis, so it serves per-record and batched parsing.
+    Records are read in chunks of `parse_batch_size` per source, and chunks are what the reader,
+    parser, cache and shuffle pass along. `transform` is elementwise over the leading axis, so
+    it serves per-record and batched parsing alike.
     """
+    import random
+
     import tensorflow as tf
 
     deterministic = spec.deterministic if deterministic is None else deterministic
     batch_size = batch_size or spec.batch_size
+    seed = seed if seed is not None else random.randrange(2**31)
     parallel = _calls(spec.map_parallelism)
     in_order = _ordered(parallel, deterministic)
 
@@ -121,43 +166,33 @@ def assemble(
         parsed = parse_batch(records) if batched else parse_one(records)
         return transform(parsed) if transform else parsed
 
-    records = tf.data.Dataset.from_tensor_slices(list(sources)).interleave(
-        open_source, cycle_length=tf.data.AUTOTUNE if spec.cycle_length == AUTOTUNE else spec.cycle_length,
-        block_length=1, num_parallel_calls=_calls(spec.read_parallelism),
-        deterministic=_ordered(_calls(spec.read_parallelism), deterministic),
+    reads = _calls(spec.read_parallelism)
+    chunks = tf.data.Dataset.from_tensor_slices(list(sources)).interleave(
+        lambda source: open_source(source).batch(spec.parse_batch_size),
+        cycle_length=tf.data.AUTOTUNE if spec.cycle_length == AUTOTUNE else spec.cycle_length,
+        block_length=1, num_parallel_calls=reads, deterministic=_ordered(reads, deterministic),
     )
     packer = None
     if spec.cache != "none" and num_epochs != 1:
-        if spec.vectorized_parse:
-            packer = DensePacker()
-            elements = records.batch(spec.parse_batch_size).map(
-                lambda r: _maybe_pack(packer, parse(r, True)), num_parallel_calls=parallel,
-                deterministic=in_order).unbatch()
-        else:
-            elements = records.map(lambda r: parse(r, False), num_parallel_calls=parallel, deterministic=in_order)
+        packer = DensePacker()
+        parsed = chunks.map(lambda r: _maybe_pack(packer, parse(r, True)), num_parallel_calls=parallel,
+                            deterministic=in_order)
         if spec.cache == "memory":
-            elements = elements.cache()
+            parsed = parsed.cache()
         else:
             if not cache_location:
                 raise SpecError("the spec caches on disk but no cache location was given")
-            elements = elements.snapshot(cache_location)
-        if shuffle:
-            elements = elements.shuffle(spec.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        if num_epochs != 1:
-            elements = elements.repeat(num_epochs)
-        batches = elements.batch(batch_size)
-        if packer is not None and packer.layout:
+            parsed = parsed.snapshot(cache_location)
+        batches = _shuffle_and_repeat(parsed, spec, shuffle, num_epochs, seed).rebatch(batch_size)
+        if packer.layout:
             batches = batches.map(packer.unpack, num_parallel_calls=parallel, deterministic=in_order)
     else:
-        if shuffle:
-            records = records.shuffle(spec.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        if num_epochs != 1:
-            records = records.repeat(num_epochs)
+        records = _shuffle_and_repeat(chunks, spec, shuffle, num_epochs, seed)
         if spec.vectorized_parse:
-            batches = records.batch(batch_size).map(
+            batches = records.rebatch(batch_size).map(
                 lambda r: parse(r, True), num_parallel_calls=parallel, deterministic=in_order)
         else:
-            batches = records.map(
+            batches = records.unbatch().map(
                 lambda r: parse(r, False), num_parallel_calls=parallel, deterministic=in_order
             ).batch(batch_size)
     if post_cache is not None:

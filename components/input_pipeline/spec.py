@@ -30,10 +30,10 @@ class InputPipelineSpec:
     read_parallelism: int = AUTOTUNE  # interleave num_parallel_calls
     deterministic: bool = True
     vectorized_parse: bool = True  # batch, then parse_example on the whole batch
-    parse_batch_size: int = 256  # records per vectorised parse ahead of a cache
+    parse_batch_size: int = 256  # records per chunk: read, parsed, cached and shuffled together
     map_parallelism: int = AUTOTUNE  # num_parallel_calls of the parse (and transform) map
     cache: str = "none"
-    shuffle_buffer: int = 1024
+    shuffle_buffer: int = 1024  # records permuted together (a window of chunks)
     prefetch: int = AUTOTUNE
     ram_budget_bytes: int = 0  # 0: tf.data's default (half the RAM)
     cpu_budget: int = 0  # 0: tf.data's default (all cores)
@@ -63,6 +63,8 @@ class InputPipelineSpec:
         if self.on_corrupt_shard not in CORRUPT_SHARD_MODES:
             raise SpecError(f"input pipeline spec: on_corrupt_shard must be one of "
                             f"{', '.join(CORRUPT_SHARD_MODES)}, not {self.on_corrupt_shard!r}")
+        if self.cache != "none" and not self.vectorized_parse:
+            raise SpecError("input pipeline spec: a cache needs vectorized_parse (it caches parsed chunks)")
         if self.compression not in ("", "GZIP", "ZLIB"):
             raise SpecError(f"input pipeline spec: compression must be '', GZIP or ZLIB, not {self.compression!r}")
 

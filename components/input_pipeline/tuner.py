@@ -81,17 +81,17 @@ def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compressi
     by_latency = int(FIRST_BATCH_LATENCY_S / m.map_wall_s_per_record) if m.map_wall_s_per_record > 0 else 1024
     parse_batch_size = decide(
         "parse_batch_size", max(batch_size, min(1024, m.est_records // max(1, 4 * cores), by_latency)), (
-            f"records per vectorised parse ahead of the cache: large enough to amortise each call, small enough "
-            f"that every core gets several batches and the first one is parsed within "
+            f"records per chunk (each shard is read, parsed, cached and shuffled in chunks): large enough to "
+            f"amortise each call, small enough that every core gets several chunks and the first is parsed within "
             f"{FIRST_BATCH_LATENCY_S * 1e3:.0f} ms (at {_us(m.map_wall_s_per_record)} per record)"))
 
     element_bytes = max(1.0, m.parsed_bytes_per_record if cache != "none" else m.serialized_bytes_per_record)
     shuffle_budget = ram_budget // 4
     by_memory = int(shuffle_budget // element_bytes)
     shuffle_buffer = decide("shuffle_buffer", max(batch_size, min(m.est_records, by_memory, MAX_SHUFFLE_BUFFER)), (
-        f"{element_bytes:.0f} bytes per buffered element and a quarter of the RAM budget "
-        f"({shuffle_budget / MIB:.0f} MiB) hold {by_memory} elements; the data has ~{m.est_records}, "
-        f"so {'the whole data set is shuffled' if by_memory >= m.est_records else 'the buffer is memory-bound'}"))
+        f"records are shuffled by permuting windows of chunks; at {element_bytes:.0f} bytes per record a quarter "
+        f"of the RAM budget ({shuffle_budget / MIB:.0f} MiB) holds {by_memory}; the data has ~{m.est_records}, so "
+        f"{'each epoch is a full permutation' if by_memory >= m.est_records else 'the window is memory-bound'}"))
 
     jitter = m.batch_time_p95_s / m.batch_time_p50_s if m.batch_time_p50_s > 0 else 1.0
     prefetch = decide("prefetch", max(2, min(MAX_PREFETCH, math.ceil(jitter) + 1)), (
