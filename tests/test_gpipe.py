@@ -204,3 +204,67 @@ def test_params_balance_without_costs_is_refused_for_unbuilt_layers():
                                layer_costs=[84, 156, 156, 156, 39])
     with_costs(tf.zeros([1, 6]))
     assert [len(stage) for stage in with_costs.stages] == [2, 3]
+
+
+def _step_graph(pipe, batch=16):
+    """The traced graph of one training step."""
+    pipe.optimizer.build(pipe.trainable_variables)
+    x, y = _data(batch)
+    step = tf.function(pipe.train_step)
+    return step.get_concrete_function((tf.TensorSpec([batch, 6], tf.float32), tf.TensorSpec([batch], tf.int64))).graph
+
+
+def _ancestors(graph, with_control: bool) -> dict:
+    """For each op, every op it (transitively) waits for: data inputs, and control inputs if asked."""
+    parents = {op.name: [t.op.name for t in op.inputs] + ([c.name for c in op.control_inputs] if with_control else [])
+               for op in graph.get_operations()}
+    memo = {}
+
+    def walk(name):
+        if name not in memo:
+            memo[name] = set()
+            for parent in parents[name]:
+                memo[name] |= {parent} | walk(parent)
+        return memo[name]
+
+    import sys
+    sys.setrecursionlimit(max(10000, sys.getrecursionlimit()))
+    return {name: walk(name) for name in parents}
+
+
+def _ops_of(ops, scope: str) -> set:
+    """A micro-step's ops. A backward step's gradient ops are named by the tape after the forward
+    ops they differentiate: gradient_tape/stage0_F2/... belongs to B2 of stage 0."""
+    prefixes = [f"{scope}/"]
+    if "_B" in scope:
+        prefixes += [f"gradient_tape/{scope}/", f"gradient_tape/{scope.replace('_B', '_F')}/"]
+    return {o for o in ops if any(o.startswith(p) for p in prefixes)}
+
+
+def _ordered_after(graph, ancestors, earlier: str, later: str) -> bool:
+    """Whether some op of micro-step `later` waits on an op of micro-step `earlier`."""
+    ops = [op.name for op in graph.get_operations()]
+    first = _ops_of(ops, earlier)
+    assert first and _ops_of(ops, later), (earlier, later)
+    return any(first & ancestors[o] for o in _ops_of(ops, later))
+
+
+@pytest.mark.parametrize("schedule_name, remat", [("gpipe", "never"), ("1f1b", "never"), ("1f1b", "always")])
+def test_each_stage_runs_its_micro_steps_in_schedule_order_in_the_graph(schedule_name, remat):
+    from components.trainer.gpipe.pipeline_model import micro_step_scope
+
+    _, pipe = _pair(2, 4, remat=remat, schedule_name=schedule_name)
+    graph = _step_graph(pipe)
+    full = _ancestors(graph, with_control=True)
+    for s, ops in enumerate(pipe.order):
+        scopes = [micro_step_scope(s, kind, m) for kind, m in ops]
+        for earlier, later in zip(scopes, scopes[1:]):
+            assert _ordered_after(graph, full, earlier, later), f"{later} is not held after {earlier}"
+    if schedule_name == "1f1b":
+        # Stage 0 runs F0 F1 B0 F2 ...: nothing in the dataflow makes F2 wait for B0; the control
+        # dependency does. This is the edge the schedule adds.
+        data_only = _ancestors(graph, with_control=False)
+        b0, f2 = micro_step_scope(0, "B", 0), micro_step_scope(0, "F", 2)
+        assert pipe.order[0][:4] == [("F", 0), ("F", 1), ("B", 0), ("F", 2)]
+        assert not _ordered_after(graph, data_only, b0, f2)
+        assert _ordered_after(graph, full, b0, f2)

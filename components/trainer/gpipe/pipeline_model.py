@@ -35,6 +35,11 @@ def default_devices(num_stages: int) -> list[str]:
     return [cpus[i % len(cpus)] for i in range(num_stages)]
 
 
+def micro_step_scope(stage: int, kind: str, micro: int) -> str:
+    """The graph name scope of one micro-step, e.g. stage1_B3: lets tests read the order off the graph."""
+    return f"stage{stage}_{kind}{micro}"
+
+
 class PipelineModel(tf_keras.Model):
     def __init__(self, layers, num_stages: int, num_micro_batches: int, devices=None, balance="params",
                  remat: str = "except_last", schedule_name: str = "gpipe", swap: bool = False,
@@ -136,7 +141,7 @@ class PipelineModel(tf_keras.Model):
 
         for s, kind, m, _, _ in clock:
             deps = [t for t in tf.nest.flatten(last[s]) if t is not None] if last[s] is not None else []
-            with tf.control_dependencies(deps), tf.device(self.devices[s]):
+            with tf.control_dependencies(deps), tf.device(self.devices[s]), tf.name_scope(micro_step_scope(s, kind, m)):
                 if kind == "F":
                     self.trace_counts[("F", s)] += 1
                     x_in = piece(x, m) if s == 0 else tf.identity(outputs[(s - 1, m)])
