@@ -199,8 +199,8 @@ def test_corrupt_shard_is_skipped_and_counted_when_configured(tuned, corrupt_sha
 def test_stage_breakdown_names_the_slowest_stage_and_plots_it(tuned, shards, tmp_path):
     slow = lambda features: dict(features, x=tf.numpy_function(  # noqa: E731
         lambda x: (__import__("time").sleep(0.005), x)[1], [features["x"]], tf.float32, stateful=False))
-    dataset = build_dataset(dataclasses.replace(tuned, map_parallelism=1), [os.path.join(shards, "*.gz")],
-                            SCHEMA, shuffle=False, transform=slow)
+    profiled = dataclasses.replace(tuned, map_parallelism=1, autotune=True)  # the model needs autotune on
+    dataset = build_dataset(profiled, [os.path.join(shards, "*.gz")], SCHEMA, shuffle=False, transform=slow)
     rows = stages.profile_pipeline(dataset)
     names = [r["stage"] for r in rows]
     assert any("Interleave" in n for n in names) and any("Map" in n for n in names)

@@ -172,8 +172,16 @@ def assemble(
         cycle_length=tf.data.AUTOTUNE if spec.cycle_length == AUTOTUNE else spec.cycle_length,
         block_length=1, num_parallel_calls=reads, deterministic=_ordered(reads, deterministic),
     )
-    packer = None
+
+    def split_label(features):
+        if label_key is None:
+            return features
+        features = dict(features)
+        return features, features.pop(label_key)
+
     if spec.cache != "none" and num_epochs != 1:
+        # Parsed chunks are cached; after it everything works on whole chunks or windows, and
+        # batches are cut with rebatch, so no function runs per batch on the warm path.
         packer = DensePacker()
         parsed = chunks.map(lambda r: _maybe_pack(packer, parse(r, True)), num_parallel_calls=parallel,
                             deterministic=in_order)
@@ -183,26 +191,22 @@ def assemble(
             if not cache_location:
                 raise SpecError("the spec caches on disk but no cache location was given")
             parsed = parsed.snapshot(cache_location)
-        batches = _shuffle_and_repeat(parsed, spec, shuffle, num_epochs, seed).rebatch(batch_size)
-        if packer.layout:
-            batches = batches.map(packer.unpack, num_parallel_calls=parallel, deterministic=in_order)
+        units = _shuffle_and_repeat(parsed, spec, shuffle, num_epochs, seed)
+        units = units.map(lambda unit: split_label(packer.unpack(unit) if packer.layout else unit))
+        if shuffle:
+            units = units.prefetch(1)  # the next window is built while this one is consumed
+        batches = units.rebatch(batch_size)
     else:
         records = _shuffle_and_repeat(chunks, spec, shuffle, num_epochs, seed)
         if spec.vectorized_parse:
             batches = records.rebatch(batch_size).map(
-                lambda r: parse(r, True), num_parallel_calls=parallel, deterministic=in_order)
+                lambda r: split_label(parse(r, True)), num_parallel_calls=parallel, deterministic=in_order)
         else:
             batches = records.unbatch().map(
                 lambda r: parse(r, False), num_parallel_calls=parallel, deterministic=in_order
-            ).batch(batch_size)
+            ).batch(batch_size).map(split_label)
     if post_cache is not None:
         batches = batches.map(post_cache, num_parallel_calls=parallel, deterministic=in_order)
-    if label_key is not None:
-        def split_label(features):
-            features = dict(features)
-            return features, features.pop(label_key)
-
-        batches = batches.map(split_label)
     if spec.prefetch != 0:
         batches = batches.prefetch(tf.data.AUTOTUNE if spec.prefetch == AUTOTUNE else spec.prefetch)
     return batches.with_options(dataset_options(spec, deterministic))
@@ -232,6 +236,7 @@ def build_dataset(
     """A batched dataset of (features, label), or of features, read from TFRecord shards as the spec says.
 
     `num_epochs=None` repeats forever; a cache is only used when the data is read more than once.
+    `transform` runs before the cache, on parsed features; `post_cache` runs on each batch as yielded.
     `report`, if given, receives the shards skipped as corrupt and the disk cache location.
     """
     import tensorflow as tf

@@ -104,11 +104,14 @@ def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compressi
     decide("autotune budgets", {"ram_budget_bytes": ram_budget, "cpu_budget": cores},
            f"{ram_fraction:.0%} of the {m.ram_available_bytes / MIB:.0f} MiB available RAM; all {cores} core(s)")
     decide("static_optimizations", STATIC_OPTIMIZATIONS, "fuse and parallelise maps, drop no-ops; order-preserving")
+    decide("autotune", False, "every stage's parallelism and buffer is pinned from these measurements, so the "
+           "autotuner has nothing left to tune and its per-element bookkeeping is skipped; the RAM budget still "
+           "bounds the cache and shuffle window above. Profiling turns it back on to read the per-stage model")
     return InputPipelineSpec(
         schema_fingerprint=schema_fingerprint, batch_size=batch_size, compression=compression,
         cycle_length=cycle_length, read_parallelism=read_parallelism, deterministic=deterministic,
         vectorized_parse=True, parse_batch_size=parse_batch_size, map_parallelism=map_parallelism, cache=cache,
         shuffle_buffer=shuffle_buffer, prefetch=prefetch, ram_budget_bytes=ram_budget, cpu_budget=cores,
-        private_threadpool_size=threads, static_optimizations=dict(STATIC_OPTIMIZATIONS),
+        private_threadpool_size=threads, static_optimizations=dict(STATIC_OPTIMIZATIONS), autotune=False,
         on_corrupt_shard=on_corrupt_shard, measurements=m.to_dict(), decisions=decisions,
     )

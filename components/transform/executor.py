@@ -28,6 +28,20 @@ def _check_required_features(schema, required: list[str], where: str) -> None:
             )
 
 
+def _remove_scratch(path: str, attempts: int = 5) -> None:
+    """Remove tf.Transform's scratch space from the artifact; a late writer can leave files behind
+    the first removal, so try again before giving up loudly."""
+    import shutil
+    import time
+
+    for _ in range(attempts):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            return
+        time.sleep(0.2)
+    raise OSError(f"could not remove tf.Transform scratch space {path}")
+
+
 def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
     import tensorflow_transform as tft
     import tensorflow_transform.beam as tft_beam
@@ -85,9 +99,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                     )
                 )
             run_pipeline(pipeline)
-        import shutil
-
-        shutil.rmtree(os.path.join(graph_dir, ".tft_tmp"), ignore_errors=True)
+        _remove_scratch(os.path.join(graph_dir, ".tft_tmp"))
         transformed_schema = tft.TFTransformOutput(graph_dir).transformed_metadata.schema
         tuned = tuning.write_input_pipeline(
             artifacts.transformed_examples_file_pattern(examples_dir, params["analyze_splits"][0]), transformed_schema,
