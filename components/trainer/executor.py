@@ -16,7 +16,7 @@ from components.trainer.callbacks import read_metrics
 from components.input_pipeline import read_spec
 from components.input_pipeline.shards import explain_read_error
 from components.input_pipeline.stall import STALL_FILE
-from components.trainer.fn_args import FnArgs, make_data_accessor
+from components.trainer.fn_args import FnArgs, input_pipeline_data_accessor, tfxio_data_accessor
 from components.user_module import load_function
 
 log = logging.getLogger("hpml.trainer")
@@ -74,7 +74,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
 
     skipped_shards: dict[str, str] = {}
     spec = read_spec(inputs["input_pipeline"]) if inputs.get("input_pipeline") else None
-    data_accessor = make_data_accessor(inputs.get("input_pipeline"), skipped_shards)
+    data_accessor = input_pipeline_data_accessor(spec, skipped_shards) if spec else tfxio_data_accessor()
     working_dir = working_dir_for(outputs["model"])
     os.makedirs(working_dir, exist_ok=True)
     launch = None
