@@ -1,7 +1,7 @@
 """The component contract: a typed spec (inputs, outputs, parameters) plus an executor.
 
 Executors are plain functions `executor(inputs, outputs, params) -> properties` of artifact
-URIs and validated parameters. They import nothing from Airflow, so the local runner, the
+URIs (a list of URIs for a list input) and validated parameters. They import nothing from Airflow, so the local runner, the
 Airflow adapter or a user's own TFX pipeline can all drive them.
 """
 from __future__ import annotations
@@ -43,6 +43,8 @@ class ComponentSpec:
     parameters: Mapping[str, Parameter]
     executor: Executor
     optional_inputs: frozenset[str] = field(default_factory=frozenset)
+    # Inputs that take a list of artifacts (e.g. several teacher Models) instead of one.
+    list_inputs: frozenset[str] = field(default_factory=frozenset)
 
     def resolve_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Fill defaults and check every parameter; unknown names are refused."""
@@ -86,11 +88,20 @@ class ComponentSpec:
         for name, uri in inputs.items():
             if name not in self.inputs:
                 raise SpecError(f"{self.name}: unexpected input {name!r}")
-            if uri is not None and not os.path.isdir(uri):
-                raise SpecError(
-                    f"{self.name}: input {name!r} ({self.inputs[name].name}) does not exist at {uri}",
-                    hint="did the upstream component finish?",
-                )
+            if name in self.list_inputs:
+                if not isinstance(uri, (list, tuple)):
+                    raise SpecError(f"{self.name}: input {name!r} takes a list of {self.inputs[name].name} URIs")
+                uris = list(uri)
+            elif isinstance(uri, (list, tuple)):
+                raise SpecError(f"{self.name}: input {name!r} takes one {self.inputs[name].name} URI, not a list")
+            else:
+                uris = [uri]
+            for one in uris:
+                if one is not None and not os.path.isdir(one):
+                    raise SpecError(
+                        f"{self.name}: input {name!r} ({self.inputs[name].name}) does not exist at {one}",
+                        hint="did the upstream component finish?",
+                    )
         if set(outputs) != set(self.outputs):
             raise SpecError(
                 f"{self.name}: outputs must be exactly {sorted(self.outputs)}, got {sorted(outputs)}"

@@ -63,7 +63,8 @@ def start(pipeline_name: str, run_id: str, params: Mapping[str, Any], tags: Mapp
 
 # Files small enough to copy into the MLflow run beside the artifact URIs.
 SMALL_ARTIFACTS = ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "plan.json", "gpipe.json",
-                   "input_pipeline.json", "input_stall.json", "stages.json", "stages.png")
+                   "input_pipeline.json", "input_stall.json", "stages.json", "stages.png",
+                   "soft_targets.json", "results.json", "results.md")
 
 
 def _finite(value) -> bool:
@@ -71,12 +72,15 @@ def _finite(value) -> bool:
 
 
 def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], properties: Mapping[str, Any],
-             seconds: float) -> None:
-    """One component's outcome: duration, output URIs, and whatever metrics it reported."""
+             seconds: float, metric_prefix: str = "") -> None:
+    """One component's outcome: duration, output URIs, and whatever metrics it reported.
+
+    `metric_prefix` keeps apart the metrics of several nodes of one component (e.g. `Teacher_0.loss`).
+    """
     from mlflow.entities import Metric, RunTag
 
     now = int(time.time() * 1000)
-    metrics = [Metric(f"{DURATION_METRIC}{node_id}", seconds, now, 0)]
+    metrics = []
     for split, count in (properties.get("split_counts") or {}).items():
         metrics.append(Metric(f"examples.{split}", count, now, 0))
     if "bad_rows" in properties:
@@ -112,6 +116,19 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     if pipeline:
         tags.append(RunTag("hpml.input_pipeline", pipeline["recommendation"]))
         tags += [RunTag(f"input_pipeline.{k}", str(v)) for k, v in pipeline["decisions"].items()]
+    distillation = properties.get("distillation")
+    if distillation:
+        tags += [RunTag(f"{metric_prefix}distillation.{k}", str(v)) for k, v in distillation.items()]
+    evaluation = properties.get("evaluation")
+    if evaluation:
+        for row in evaluation["rows"]:
+            metrics += [Metric(f"evaluation.{row['name']}.{k}", float(row[k]), now, 0)
+                        for k in ("accuracy", "params", "size_bytes", "latency_us")]
+        if evaluation.get("distillation"):
+            metrics += [Metric(f"distillation.{k}", float(v), now, 0) for k, v in evaluation["distillation"].items()
+                        if _finite(v)]
+    metrics = [Metric(f"{metric_prefix}{m.key}", m.value, m.timestamp, m.step) for m in metrics]
+    metrics.append(Metric(f"{DURATION_METRIC}{node_id}", seconds, now, 0))
     mlflow_client = client()
     mlflow_client.log_batch(mlflow_run_id, metrics=metrics, tags=tags)
     for name, uri in outputs.items():

@@ -72,7 +72,7 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
                  upstream: Mapping[str, Mapping[str, str]]) -> NodeResult:
     """Run one component into `<run_dir>/<node>/<output>/` and record the outcome."""
     node = pipeline.node(node_id)
-    inputs = {name: upstream[src][output] for name, (src, output) in node.inputs.items()}
+    inputs = node.resolve_inputs(upstream)
     outputs = {name: os.path.join(context.run_dir, node.id, name) for name in node.component.outputs}
     log.info("%s: starting", node.id)
     started = time.perf_counter()
@@ -82,7 +82,10 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
         records.mark_failed(context.mlflow_run_id, node.id, err)
         raise
     seconds = time.perf_counter() - started
-    records.log_node(context.mlflow_run_id, node.id, outputs, properties, seconds)
+    # Metrics of a node named after its component keep their plain names (penguin's "loss");
+    # several nodes of one component (Teacher_0, Student_scratch) get their node id as a prefix.
+    prefix = "" if node.id == node.component.name else f"{node.id}."
+    records.log_node(context.mlflow_run_id, node.id, outputs, properties, seconds, prefix)
     for name, uri in outputs.items():
         log.info("%s: %s -> %s", node.id, name, uri)
     log.info("%s: done in %.1fs", node.id, seconds)
