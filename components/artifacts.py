@@ -39,6 +39,7 @@ TRANSFORM_GRAPH = ArtifactType("TransformGraph")
 INPUT_PIPELINE = ArtifactType("InputPipeline")
 MODEL = ArtifactType("Model")
 MODEL_RUN = ArtifactType("ModelRun")
+MODEL_EVALUATION = ArtifactType("ModelEvaluation")
 
 
 def check_split_name(name: str) -> str:

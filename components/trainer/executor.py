@@ -13,6 +13,7 @@ from components import artifacts
 from components.errors import SpecError
 from components.trainer import plan as plan_mod
 from components.trainer.callbacks import read_metrics
+from components.trainer.distill import mode as distill_mode
 from components.input_pipeline import read_spec
 from components.input_pipeline.shards import explain_read_error
 from components.input_pipeline.stall import STALL_FILE
@@ -65,6 +66,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     load_function(params["module"], run_fn_name)  # fail fast on a bad module
     train_files = _check_inputs(inputs["examples"], params["train_splits"])
     eval_files = _check_inputs(inputs["examples"], params["eval_splits"])
+    distillation = distill_mode.plan(inputs["examples"], inputs.get("teachers"), params)
     plan = make_plan(params)
     distributed = params["num_workers"] > 1 or params["num_ps"] > 0
     if distributed and params["launcher"] == "local" and \
@@ -95,7 +97,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             hyperparameters=dict(params["hyperparameters"]),
             custom_config=dict(params["custom_config"], strategy=plan.strategy, plan=plan.to_dict(),
                                backup_save_freq=params["backup_save_freq"],
-                               input_pipeline_dir=inputs.get("input_pipeline")),
+                               input_pipeline_dir=inputs.get("input_pipeline"),
+                               **({distill_mode.CONFIG_KEY: distillation.to_dict()} if distillation else {})),
         )
         if params["launcher"] == "local" and distributed:
             launch = _launch_local(fn_args, params, plan)
@@ -119,7 +122,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     shutil.rmtree(working_dir, ignore_errors=True)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
             "launch": launch.to_dict() if launch else None, "input_stall": input_stall,
-            "skipped_shards": sorted(skipped_shards)}
+            "skipped_shards": sorted(skipped_shards),
+            "distillation": distillation.to_dict() if distillation else None}
 
 
 def _run_in_process(run_fn, fn_args: FnArgs, compression: str) -> None:

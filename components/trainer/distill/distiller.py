@@ -60,8 +60,11 @@ class Distiller(tf_keras.Model):
         with tf.GradientTape() as tape:
             logits = self.student(x, training=True)
             loss = distillation_loss(y, logits, targets, self.temperature, self.alpha)
+            # Each replica's loss is a mean over its share of the batch and apply_gradients sums
+            # across replicas, so scale by 1/replicas to take the mean over the global batch.
+            scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
         variables = self.student.trainable_variables
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        self.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
         self.loss_tracker.update_state(loss)
         self.accuracy.update_state(y, logits)
         return {m.name: m.result() for m in self.metrics}
