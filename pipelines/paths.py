@@ -24,6 +24,27 @@ def penguins_csv() -> str:
     return str(Path(palmerpenguins.__file__).parent / "data" / "penguins.csv")
 
 
+def digits_csv() -> str:
+    """scikit-learn's 8x8 digits as a headed CSV (pixel_0..pixel_63, digit) under HPML_HOME/data.
+
+    The data ship inside scikit-learn (nothing is downloaded); the CSV is written once, atomically.
+    """
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    path = hpml_home() / "data" / "digits.csv"
+    if path.is_file():
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digits = load_digits()
+    rows = np.column_stack([digits.data.astype(np.int64), digits.target.astype(np.int64)])
+    header = ",".join([f"pixel_{i}" for i in range(digits.data.shape[1])] + ["digit"])
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    np.savetxt(tmp, rows, fmt="%d", delimiter=",", header=header, comments="")
+    os.replace(tmp, path)
+    return str(path)
+
+
 def data_roots() -> list[Path]:
     """Directories data paths must lie under: `HPML_DATA_ROOTS` (os.pathsep-separated), plus
     the embedded data sets and the project's data/ folder."""

@@ -6,7 +6,7 @@ import importlib
 from components.errors import SpecError
 from pipelines.definition import Pipeline
 
-PIPELINES = {"penguin": "pipelines.penguin"}
+PIPELINES = {"penguin": "pipelines.penguin", "distillation": "pipelines.distillation"}
 
 
 def get(name: str) -> Pipeline:

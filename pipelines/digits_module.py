@@ -1,0 +1,104 @@
+"""The digits user module: `preprocessing_fn` and a `run_fn` that trains a teacher, a student from
+scratch, or (Trainer mode `distill`) a student against frozen teachers.
+
+scikit-learn's 8x8 digits: 64 pixel intensities 0..16 and the digit. Every model is an MLP on the
+64 scaled pixels that outputs logits; the exported Model adds a softmax and serves raw tf.Examples.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf  # noqa: E402
+
+LABEL_KEY = "digit"
+PIXELS = tuple(f"pixel_{i}" for i in range(64))
+NUM_CLASSES = 10
+CLASS_NAMES = [str(d) for d in range(NUM_CLASSES)]
+DEFAULT_HYPERPARAMETERS = {"epochs": 60, "batch_size": 64, "learning_rate": 0.01, "seed": 0,
+                           "hidden": [8], "activation": "tanh", "dropout": 0.0}
+
+
+def _column(x):
+    """A [batch] float tensor from a raw column (dense or, if the schema says so, sparse)."""
+    if isinstance(x, tf.sparse.SparseTensor):
+        x = tf.sparse.to_dense(tf.SparseTensor(x.indices, x.values, [x.dense_shape[0], 1]))
+    return tf.reshape(tf.cast(x, tf.float32), [-1])
+
+
+def preprocessing_fn(inputs):
+    """The 64 pixels as one [batch, 64] feature scaled to [0, 1]; the digit as an int64 label."""
+    pixels = tf.stack([_column(inputs[name]) for name in PIXELS], axis=1) / 16.0
+    label = tf.cast(_column(inputs[LABEL_KEY]), tf.int64)
+    return {"pixels": pixels, LABEL_KEY: label}
+
+
+def build_mlp(hidden: list[int], activation: str, dropout: float):
+    """An MLP on `pixels` that outputs logits over the ten digits."""
+    import tf_keras
+
+    pixels = tf_keras.Input(shape=(64,), name="pixels")
+    x = pixels
+    for units in hidden:
+        x = tf_keras.layers.Dense(units, activation=activation)(x)
+        if dropout:
+            x = tf_keras.layers.Dropout(dropout)(x)
+    return tf_keras.Model({"pixels": pixels}, tf_keras.layers.Dense(NUM_CLASSES, name="logits")(x))
+
+
+def _dataset(fn_args, files, schema, batch_size, seed, shuffle, num_epochs=1):
+    from tfx_bsl.public import tfxio
+
+    options = tfxio.TensorFlowDatasetOptions(batch_size=batch_size, label_key=LABEL_KEY, num_epochs=num_epochs,
+                                             shuffle=shuffle, shuffle_seed=seed)
+    dataset = fn_args.data_accessor.tf_dataset_factory(files, options, schema)
+    sharding = tf.data.Options()
+    sharding.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(sharding)
+
+
+def run_fn(fn_args):
+    """Train (or distil) the MLP the hyperparameters describe under the planned strategy; export it."""
+    import tensorflow_transform as tft
+    import tf_keras
+
+    from components.trainer.callbacks import standard_callbacks
+    from components.trainer.distill import mode as distill_mode
+    from components.trainer.export import export_serving_model
+    from components.trainer.strategies import make_strategy
+
+    hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
+    config = fn_args.custom_config or {}
+    strategy_name = config.get("strategy", "one_device")
+    strategy = make_strategy(strategy_name)  # first: cluster strategies must precede other TF ops
+    tf_keras.utils.set_random_seed(int(hp["seed"]))
+    distillation = distill_mode.config_from(config)
+    tft_output = tft.TFTransformOutput(fn_args.transform_output)
+    schema = distill_mode.schema_with_soft_targets(tft_output.transformed_metadata.schema, distillation)
+
+    batch, epochs = int(hp["batch_size"]), int(hp["epochs"])
+    evaluation = _dataset(fn_args, fn_args.eval_files, schema, batch, hp["seed"], False)
+    train = _dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], True, None)
+    steps = fn_args.train_steps or int(_dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], False)
+                                       .reduce(0, lambda n, _: n + 1).numpy())
+    with strategy.scope():
+        student = build_mlp(list(hp["hidden"]), hp["activation"], float(hp["dropout"]))
+        if distillation:
+            model = distill_mode.build_distiller(student, distillation, next(iter(evaluation))[0])
+            model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]))
+        else:
+            model = student
+            model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]),
+                          loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"])
+    os.makedirs(fn_args.model_run_dir, exist_ok=True)
+    callbacks = standard_callbacks(fn_args, strategy_name, batch, epochs, config.get("backup_save_freq", "epoch"))
+    model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=evaluation,
+              validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
+    results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
+    with open(os.path.join(fn_args.model_run_dir, "eval_metrics.json"), "w", encoding="utf-8") as handle:
+        json.dump(dict({k: float(v) for k, v in results.items()}, params=int(student.count_params())), handle)
+    export_serving_model(distill_mode.student_for_serving(student), tft_output, fn_args.serving_model_dir,
+                         LABEL_KEY, class_names=CLASS_NAMES)

@@ -1,0 +1,265 @@
+"""Distillation as a Trainer mode and a pipeline: a real Airflow DAG run on the digits, the Beam
+soft-target cache, teachers refused before training, Mirrored equal to one device, BackupAndRestore."""
+import glob
+import json
+import os
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from components.errors import SpecError
+from components.soft_targets import SOFT_TARGETS
+from components.trainer import TRAINER
+from components.trainer.distill.loss import ensemble_soft_targets
+
+CONF = {"teacher_epochs": 4, "student_epochs": 3, "teacher_hidden": 32, "student_hidden": 8, "batch_size": 64,
+        "temperature": 3.0, "alpha": 0.7, "strategy": "one_device", "seed": 7}
+ROWS = ["teacher_0", "teacher_1", "teacher_2", "ensemble", "student_scratch", "student_distilled"]
+
+
+@pytest.fixture(scope="module")
+def distill_run(airflow_db):
+    from pipelines import airflow_local, records
+
+    dag_run = airflow_local.test_run("distillation", CONF)
+    mlflow_run_id = records.find("airflow.run_id", dag_run.run_id, "distillation")
+    summary = records.load(mlflow_run_id)
+    return {"dag_run": dag_run, "mlflow_run_id": mlflow_run_id, "summary": summary, "outputs": summary.outputs}
+
+
+def _raw_eval(outputs):
+    files = glob.glob(os.path.join(outputs["ExampleGen"]["examples"], "Split-eval", "*.gz"))
+    raw = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    labels = np.array([str(tf.train.Example.FromString(r).features.feature["digit"].int64_list.value[0]) for r in raw])
+    return raw, labels
+
+
+def _serve(model_uri, raw):
+    signature = tf.saved_model.load(os.path.join(model_uri, "Format-Serving")).signatures["serving_default"]
+    return signature(examples=tf.constant(raw))
+
+
+def _results(outputs):
+    return json.load(open(os.path.join(outputs["Evaluator"]["evaluation"], "results.json")))
+
+
+def test_dag_runs_every_model_and_scores_them_on_one_eval_split(distill_run):
+    from pipelines import records
+
+    assert str(distill_run["dag_run"].state).endswith("success")
+    results = _results(distill_run["outputs"])
+    assert [row["name"] for row in results["rows"]] == ROWS
+    raw, labels = _raw_eval(distill_run["outputs"])
+    assert results["examples"] == len(raw) > 100
+    rows = {row["name"]: row for row in results["rows"]}
+    # Recompute every row from the exported Models' serving signatures on raw tf.Examples.
+    probabilities = {}
+    for name, node in [("teacher_0", "Teacher_0"), ("teacher_1", "Teacher_1"), ("teacher_2", "Teacher_2"),
+                       ("student_scratch", "Student_scratch"), ("student_distilled", "Student_distilled")]:
+        out = _serve(distill_run["outputs"][node]["model"], raw)
+        probabilities[name] = out["probabilities"].numpy()
+        np.testing.assert_allclose(probabilities[name].sum(axis=1), 1.0, rtol=1e-5)
+        assert rows[name]["accuracy"] == pytest.approx(np.mean(out["classes"].numpy().astype(str) == labels))
+    ensemble = np.mean([probabilities[f"teacher_{i}"] for i in range(3)], axis=0).argmax(axis=1).astype(str)
+    assert rows["ensemble"]["accuracy"] == pytest.approx(np.mean(ensemble == labels))
+    assert rows["ensemble"]["params"] == 3 * rows["teacher_0"]["params"]
+    assert rows["student_distilled"]["params"] == rows["student_scratch"]["params"] == 64 * 8 + 8 + 8 * 10 + 10
+    assert rows["teacher_0"]["params"] == 64 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10
+    assert rows["student_distilled"]["accuracy"] > 0.5, "a distilled student learns the digits"
+    gap = results["distillation"]
+    assert gap["param_ratio"] == pytest.approx(rows["student_distilled"]["params"] / rows["ensemble"]["params"])
+    # The table and the numbers are in the MLflow run.
+    run = records.client().get_run(distill_run["mlflow_run_id"])
+    assert run.data.metrics["evaluation.student_distilled.accuracy"] == pytest.approx(
+        rows["student_distilled"]["accuracy"])
+    assert run.data.metrics["distillation.param_ratio"] == pytest.approx(gap["param_ratio"])
+    assert "Teacher_0.loss" in run.data.metrics and "Student_distilled.loss" in run.data.metrics
+    logged = records.client().download_artifacts(distill_run["mlflow_run_id"], "Evaluator/evaluation/results.md")
+    assert "| student_distilled |" in open(logged).read()
+    assert run.data.tags["Student_distilled.distillation.soft_targets"] == "precomputed"
+
+
+def test_soft_target_cache_holds_the_teachers_averaged_softened_outputs(distill_run):
+    outputs = distill_run["outputs"]
+    cache = outputs["SoftTargets"]["examples"]
+    record = json.load(open(os.path.join(cache, "soft_targets.json")))
+    assert record["temperature"] == CONF["temperature"] and record["num_classes"] == 10
+    assert record["splits"] == ["eval", "train"]
+    files = glob.glob(os.path.join(cache, "Split-train", "transformed_examples-*.gz"))
+    examples = [tf.train.Example.FromString(r.numpy())
+                for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    source = glob.glob(os.path.join(outputs["Transform"]["transformed_examples"], "Split-train", "*.gz"))
+    assert len(examples) == sum(1 for _ in tf.data.TFRecordDataset(source, compression_type="GZIP"))
+    pixels = np.array([e.features.feature["pixels"].float_list.value for e in examples[:50]], dtype=np.float32)
+    cached = np.array([e.features.feature["soft_targets"].float_list.value for e in examples[:50]])
+    teachers = [tf_keras.models.load_model(os.path.join(outputs[f"Teacher_{i}"]["model"], "Format-Serving"),
+                                           compile=False) for i in range(3)]
+    expected = ensemble_soft_targets([t({"pixels": tf.constant(pixels)}) for t in teachers], CONF["temperature"])
+    np.testing.assert_allclose(cached, expected.numpy(), atol=1e-6)
+    np.testing.assert_allclose(cached.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def _trainer_inputs(outputs, examples=None, teachers=None):
+    inputs = {"examples": examples or outputs["Transform"]["transformed_examples"],
+              "transform_graph": outputs["Transform"]["transform_graph"]}
+    if teachers is not None:
+        inputs["teachers"] = teachers
+    return inputs
+
+
+def _distill_params(**extra):
+    hp = {"hidden": [8], "epochs": 2, "batch_size": 64, "seed": 3, "learning_rate": 0.01}
+    return dict({"module": "pipelines.digits_module", "mode": "distill", "temperature": CONF["temperature"],
+                 "alpha": 0.7, "strategy": "one_device", "hyperparameters": hp}, **extra)
+
+
+def _out(tmp_path, name):
+    return {"model": str(tmp_path / name / "model"), "model_run": str(tmp_path / name / "model_run")}
+
+
+def test_bad_teachers_and_caches_are_refused_before_training(distill_run, tmp_path):
+    outputs = distill_run["outputs"]
+    teachers = [outputs["Teacher_0"]["model"]]
+    cache = outputs["SoftTargets"]["examples"]
+    not_trained = tmp_path / "never_trained"
+    not_trained.mkdir()
+    cases = [
+        (_trainer_inputs(outputs, teachers=[str(not_trained)]), {}, "never_trained has no SavedModel"),
+        (_trainer_inputs(outputs, teachers=[]), {}, "needs at least one teacher Model"),
+        (_trainer_inputs(outputs, teachers=teachers), {"soft_targets": "precomputed"}, "carries no soft targets"),
+        (_trainer_inputs(outputs, examples=cache), {"temperature": 9.0}, "computed at T=3.0, but temperature=9.0"),
+        (_trainer_inputs(outputs, teachers=teachers), {"mode": "train"}, "teachers are wired in but mode is 'train'"),
+    ]
+    for inputs, extra, message in cases:
+        out = _out(tmp_path, "refused")
+        with pytest.raises(SpecError, match=message):
+            TRAINER.run(inputs, out, _distill_params(**extra))
+        assert not os.path.exists(out["model"]) and not os.path.exists(out["model"] + ".work"), message
+    # A teacher for another label set (3 classes) is refused before the first step.
+    pixels = tf_keras.Input(shape=(64,), name="pixels")
+    three = tf_keras.Model({"pixels": pixels}, tf_keras.layers.Dense(3, activation="softmax")(pixels))
+    three.save(str(tmp_path / "three" / "Format-Serving"), save_format="tf")
+    out = _out(tmp_path, "mismatch")
+    with pytest.raises(SpecError, match="predicts 3 classes but the student predicts 10"):
+        TRAINER.run(_trainer_inputs(outputs, teachers=[str(tmp_path / "three")]), out, _distill_params())
+    assert not os.path.exists(os.path.join(out["model"] + ".work", "backup")), "no training step was taken"
+    with pytest.raises(SpecError, match="teachers predict different numbers of classes"):
+        SOFT_TARGETS.run({"examples": outputs["Transform"]["transformed_examples"],
+                          "transform_graph": outputs["Transform"]["transform_graph"],
+                          "teachers": teachers + [str(tmp_path / "three")]},
+                         {"examples": str(tmp_path / "cache")}, {"label_key": "digit"})
+    assert not os.path.exists(tmp_path / "cache")
+
+
+def _student_weights(model_uri):
+    model = tf_keras.models.load_model(os.path.join(model_uri, "Format-Serving"), compile=False)
+    return [w.numpy() for w in model.weights]
+
+
+def test_distill_on_mirrored_replicas_equals_one_device_and_teachers_on_the_fly(distill_run, tmp_path):
+    outputs = distill_run["outputs"]
+    teachers = [outputs[f"Teacher_{i}"]["model"] for i in range(3)]
+    cache = outputs["SoftTargets"]["examples"]
+    runs = {}
+    for name, extra in [("one", {}), ("mirrored", {"strategy": "mirrored"})]:
+        props = TRAINER.run(_trainer_inputs(outputs, examples=cache), _out(tmp_path, name), _distill_params(**extra))
+        assert props["distillation"]["soft_targets"] == "precomputed"
+        runs[name] = props
+    from components.trainer.strategies import make_strategy
+
+    assert runs["mirrored"]["plan"]["strategy"] == "mirrored" and make_strategy("mirrored").num_replicas_in_sync == 4
+    for one, mirrored in zip(_student_weights(str(tmp_path / "one" / "model")),
+                             _student_weights(str(tmp_path / "mirrored" / "model"))):
+        np.testing.assert_allclose(one, mirrored, rtol=1e-4, atol=1e-5)
+    # The same student with the teachers run in the training step instead of the cache.
+    props = TRAINER.run(_trainer_inputs(outputs, teachers=teachers), _out(tmp_path, "fly"),
+                        _distill_params(soft_targets="auto"))
+    assert props["distillation"]["soft_targets"] == "on_the_fly" and len(props["distillation"]["teachers"]) == 3
+    raw, labels = _raw_eval(outputs)
+    served = _serve(str(tmp_path / "fly" / "model"), raw)
+    assert np.mean(served["classes"].numpy().astype(str) == labels) > 0.5
+
+
+CRASH_ONCE = textwrap.dedent('''
+    """The digits run_fn, but the first attempt dies after epoch 2 (a lost worker)."""
+    import json, os
+    import tf_keras
+    from pipelines import digits_module
+    from components.trainer import callbacks
+
+    class DieAfterSecondEpoch(tf_keras.callbacks.Callback):
+        def __init__(self, marker):
+            super().__init__()
+            self.marker = marker
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1 and not os.path.exists(self.marker):
+                open(self.marker, "w").write("died")
+                raise RuntimeError("worker lost after epoch 2")
+
+    def run_fn(fn_args):
+        original = callbacks.standard_callbacks
+
+        def with_crash(*args, **kwargs):
+            return original(*args, **kwargs) + [DieAfterSecondEpoch(os.path.join(fn_args.working_dir, "died"))]
+
+        callbacks.standard_callbacks = with_crash
+        try:
+            digits_module.run_fn(fn_args)
+        finally:
+            callbacks.standard_callbacks = original
+''')
+
+
+def test_distill_under_mirrored_resumes_from_backup_after_a_crash(distill_run, tmp_path):
+    outputs = distill_run["outputs"]
+    module = tmp_path / "crash_once.py"
+    module.write_text(CRASH_ONCE)
+    params = _distill_params(strategy="mirrored", module=str(module))
+    params["hyperparameters"] = dict(params["hyperparameters"], epochs=4)
+    out = _out(tmp_path, "resumed")
+    inputs = _trainer_inputs(outputs, examples=outputs["SoftTargets"]["examples"])
+    with pytest.raises(RuntimeError, match="worker lost after epoch 2"):
+        TRAINER.run(inputs, out, params)
+    assert os.path.isdir(os.path.join(out["model"] + ".work", "backup")), "the backup survives the failed attempt"
+    props = TRAINER.run(inputs, out, params)
+    epochs = [row["epoch"] for row in props["history"]]
+    assert epochs == [3, 4], f"the retry resumed after the two finished epochs, not from scratch: {epochs}"
+    assert os.path.isfile(os.path.join(out["model"], "Format-Serving", "saved_model.pb"))
+
+
+def test_distillation_dag_shape_and_trigger_form(airflow_db):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=os.path.join(os.path.dirname(__file__), "..", "dags"))
+    assert bag.import_errors == {}
+    dag = bag.get_dag("distillation")
+    teachers = {"Teacher_0", "Teacher_1", "Teacher_2"}
+    assert dag.task_dict["SoftTargets"].upstream_task_ids == {"start_run", "Transform", *teachers}
+    assert dag.task_dict["Student_distilled"].upstream_task_ids == {"start_run", "Transform", "SoftTargets", *teachers}
+    assert dag.task_dict["Student_scratch"].upstream_task_ids == {"start_run", "Transform"}
+    assert dag.task_dict["Evaluator"].upstream_task_ids == {"start_run", "ExampleGen", "Student_scratch",
+                                                            "Student_distilled", *teachers}
+    assert type(dag.timetable).__name__ == "NullTimetable", "distillation runs are triggered, not scheduled"
+    form = dag.params.dump()
+    assert {"temperature", "alpha", "teacher_epochs", "student_epochs", "student_hidden"} <= set(form)
+    assert all(dag.params.get_param(name).description for name in form)
+
+
+def test_list_inputs_are_wired_as_lists_only():
+    from components.evaluator import EVALUATOR
+    from pipelines.definition import Node, Pipeline
+    from pipelines.distillation import build
+
+    pipeline = build(num_teachers=1, name="one_teacher")
+    assert pipeline.node("SoftTargets").upstream == ["Teacher_0", "Transform"]
+    first = pipeline.nodes[0]
+    with pytest.raises(SpecError, match="must be wired to a list of outputs"):
+        Pipeline("bad", (first, Node("Evaluator", EVALUATOR, inputs={
+            "examples": ("ExampleGen", "examples"), "models": ("ExampleGen", "examples")})), {})
+    with pytest.raises(SpecError, match="takes a list of Model URIs"):
+        EVALUATOR.run({"examples": "/tmp", "models": "/tmp"}, {"evaluation": "/tmp/x"},
+                      {"label_key": "digit", "model_names": ["a"]})
