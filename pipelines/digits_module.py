@@ -18,7 +18,9 @@ PIXELS = tuple(f"pixel_{i}" for i in range(64))
 NUM_CLASSES = 10
 CLASS_NAMES = [str(d) for d in range(NUM_CLASSES)]
 DEFAULT_HYPERPARAMETERS = {"epochs": 60, "batch_size": 64, "learning_rate": 0.01, "seed": 0,
-                           "hidden": [8], "activation": "tanh", "dropout": 0.0}
+                           "hidden": [32], "activation": "relu", "dropout": 0.0, "shift_augment": False}
+# One-pixel shifts (and the unshifted image) that the teachers may train on: Hinton et al.'s jitter.
+SHIFTS = ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1))
 
 
 def _column(x):
@@ -33,6 +35,22 @@ def preprocessing_fn(inputs):
     pixels = tf.stack([_column(inputs[name]) for name in PIXELS], axis=1) / 16.0
     label = tf.cast(_column(inputs[LABEL_KEY]), tf.int64)
     return {"pixels": pixels, LABEL_KEY: label}
+
+
+def shift_pixels(pixels, dx: int, dy: int):
+    """[batch, 64] images moved dx columns right and dy rows down; pixels moved in are blank."""
+    images = tf.reshape(pixels, [-1, 8, 8])
+    images = tf.pad(images, [[0, 0], [max(dy, 0), max(-dy, 0)], [max(dx, 0), max(-dx, 0)]])
+    images = images[:, max(-dy, 0):max(-dy, 0) + 8, max(-dx, 0):max(-dx, 0) + 8]
+    return tf.reshape(images, [-1, 64])
+
+
+def _shift_batch(features, label, seed: int):
+    """Each image moved by one of SHIFTS, drawn at random: augmentation that keeps the digit."""
+    pixels = features["pixels"]
+    shifted = tf.stack([shift_pixels(pixels, dx, dy) for dx, dy in SHIFTS], axis=1)  # [batch, shifts, 64]
+    choice = tf.random.uniform(tf.shape(pixels)[:1], 0, len(SHIFTS), dtype=tf.int32, seed=seed)
+    return dict(features, pixels=tf.gather(shifted, choice, batch_dims=1)), label
 
 
 def build_mlp(hidden: list[int], activation: str, dropout: float):
@@ -81,6 +99,8 @@ def run_fn(fn_args):
     batch, epochs = int(hp["batch_size"]), int(hp["epochs"])
     evaluation = _dataset(fn_args, fn_args.eval_files, schema, batch, hp["seed"], False)
     train = _dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], True, None)
+    if hp["shift_augment"]:
+        train = train.map(lambda f, y: _shift_batch(f, y, int(hp["seed"])))
     steps = fn_args.train_steps or int(_dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], False)
                                        .reduce(0, lambda n, _: n + 1).numpy())
     with strategy.scope():

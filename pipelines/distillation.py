@@ -31,11 +31,11 @@ def params_schema(default_data_path: str) -> dict:
         "properties": {
             "data_path": {"type": "string", "minLength": 1, "default": default_data_path, "title": "Data path",
                           "description": "Digits CSV (pixel_0..pixel_63, digit). Must lie under HPML_DATA_ROOTS."},
-            "teacher_epochs": integer(60, 1, 1000, "Teacher epochs", "Full passes over the train split per teacher."),
+            "teacher_epochs": integer(30, 1, 1000, "Teacher epochs", "Full passes over the train split per teacher."),
             "student_epochs": integer(60, 1, 1000, "Student epochs",
                                       "Full passes for the distilled student and the one from scratch."),
             "teacher_hidden": integer(512, 1, 4096, "Teacher width", "Units in each of the teacher's two layers."),
-            "student_hidden": integer(8, 1, 4096, "Student width", "Units in the student's one hidden layer."),
+            "student_hidden": integer(32, 1, 4096, "Student width", "Units in the student's one hidden layer."),
             "batch_size": integer(64, 1, 65536, "Batch size", "Global batch size, summed over replicas."),
             "learning_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 10, "default": 0.01,
                               "title": "Student learning rate", "description": "Adam learning rate of the students."},
@@ -50,11 +50,13 @@ def params_schema(default_data_path: str) -> dict:
     }
 
 
-def _trainer(p, hidden, epochs, seed, dropout, learning_rate, **extra) -> dict:
+def _trainer(p, hidden, epochs, seed, learning_rate, teacher=False, **extra) -> dict:
+    """Trainer parameters: teachers train with dropout on one-pixel-shifted digits (Hinton et al.'s
+    recipe), students without either; everything is a ReLU MLP."""
     return {"module": MODULE, "strategy": p["strategy"],
             "hyperparameters": {"hidden": hidden, "epochs": epochs, "batch_size": p["batch_size"], "seed": seed,
-                                "dropout": dropout, "learning_rate": learning_rate,
-                                "activation": "relu" if dropout else "tanh"},
+                                "dropout": 0.3 if teacher else 0.0, "shift_augment": teacher,
+                                "learning_rate": learning_rate, "activation": "relu"},
             **extra}
 
 
@@ -68,7 +70,7 @@ def build(num_teachers: int = NUM_TEACHERS, name: str = "distillation") -> Pipel
     teacher_nodes = tuple(
         Node(node_id, TRAINER, inputs=transformed,
              params=lambda p, i=i: _trainer(p, [p["teacher_hidden"]] * 2, p["teacher_epochs"], p["seed"] + i,
-                                            0.3, 1e-3))
+                                            1e-3, teacher=True))
         for i, node_id in enumerate(teachers))
     return Pipeline(
         name=name,
@@ -91,12 +93,12 @@ def build(num_teachers: int = NUM_TEACHERS, name: str = "distillation") -> Pipel
             # Both students read through TFXIO in the same order, so they differ only in the loss: the tuned
             # InputPipeline spec is fingerprinted to the transformed schema, which soft targets extend.
             Node("Student_scratch", TRAINER, inputs=students,
-                 params=lambda p: _trainer(p, [p["student_hidden"]], p["student_epochs"], p["seed"], 0.0,
+                 params=lambda p: _trainer(p, [p["student_hidden"]], p["student_epochs"], p["seed"],
                                            p["learning_rate"])),
             Node("Student_distilled", TRAINER,
                  inputs={**students, "examples": ("SoftTargets", "examples"),
                          "teachers": [(t, "model") for t in teachers]},
-                 params=lambda p: _trainer(p, [p["student_hidden"]], p["student_epochs"], p["seed"], 0.0,
+                 params=lambda p: _trainer(p, [p["student_hidden"]], p["student_epochs"], p["seed"],
                                            p["learning_rate"], mode="distill", temperature=p["temperature"],
                                            alpha=p["alpha"], soft_targets="precomputed")),
             Node("Evaluator", EVALUATOR,

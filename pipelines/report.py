@@ -2,7 +2,8 @@
 
 Built from the run record (MLflow) and the run's artifacts: parameters, the strategy Plan and
 its reasons, loss and metric curves, throughput and step time, the input pipeline's per-stage
-breakdown and stall, the GPipe schedule, restarts and recovery, and component durations.
+breakdown and stall, the GPipe schedule, restarts and recovery, component durations, and for
+pipelines with several models (distillation) each model's validation curve and the Evaluator's table.
 `report.json` holds the plotted numbers so they can be checked against the record.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import base64
 import html
 import json
 import os
+import re
 import shutil
 
 from components import artifacts
@@ -76,6 +78,25 @@ def _plot_durations(durations: dict[str, float], path: str) -> None:
     plt.close(fig)
 
 
+def _plot_evaluation(rows: list[dict], path: str) -> None:
+    """Accuracy per model, annotated with its parameter count: quality against size at a glance."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    names = [row["name"] for row in rows]
+    accuracy = [100 * row["accuracy"] for row in rows]
+    ax.barh(names, accuracy, color=["tab:blue" if "student" not in n else "tab:orange" for n in names])
+    for y, row in enumerate(rows):
+        ax.annotate(f" {100 * row['accuracy']:.2f}%  ({row['params']:,} params)", (100 * row["accuracy"], y),
+                    va="center", fontsize=8)
+    ax.set_xlim(max(0.0, min(accuracy) - 10), 100 + (100 - max(0.0, min(accuracy) - 10)) * 0.45)
+    ax.invert_yaxis()
+    ax.set_xlabel("accuracy on the eval split (%)")
+    ax.set_title("Models on one eval split")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _read_json(path: str | None):
     if path and os.path.isfile(path):
         with open(path, encoding="utf-8") as handle:
@@ -89,7 +110,11 @@ def collect(mlflow_run_id: str) -> dict:
     run = records.client().get_run(mlflow_run_id)
     metrics = run.data.metrics
     names = {n for group in CURVE_GROUPS.values() for panel in group[1] for n in panel}
-    series = {name: [list(p) for p in records.history(mlflow_run_id, name)] for name in sorted(names) if name in metrics}
+    # Pipelines with several Trainers record each one's curves under its node id (Teacher_0.val_accuracy).
+    node_curves = sorted(k for k in metrics if re.fullmatch(r"[A-Za-z0-9_-]+\.val_accuracy", k))
+    series = {name: [list(p) for p in records.history(mlflow_run_id, name)]
+              for name in sorted(names) + node_curves if name in metrics}
+    evaluation_dir = next((out["evaluation"] for out in summary.outputs.values() if "evaluation" in out), None)
     order = ["ExampleGen", "Transform", "Trainer"]
     durations = dict(sorted(summary.durations.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
                                                                         else len(order), kv[0])))
@@ -110,6 +135,8 @@ def collect(mlflow_run_id: str) -> dict:
         "distributed": {k: metrics[k] for k in ("restarts", "steps_lost", "recovery_seconds") if k in metrics},
         "failed_node": summary.tags.get("hpml.failed_node"), "error": summary.tags.get("hpml.error"),
         "run_dir": summary.tags.get("hpml.run_dir"),
+        "node_curves": node_curves,
+        "evaluation": _read_json(os.path.join(evaluation_dir, "results.json")) if evaluation_dir else None,
     }
 
 
@@ -149,6 +176,20 @@ def render(data: dict, pngs: dict[str, str]) -> str:
         plan = data["plan"]
         reasons = "".join(f"<li>{html.escape(r)}</li>" for r in plan.get("reasons", []))
         parts.append(f"<h2>Strategy plan: {html.escape(plan.get('strategy', '?'))}</h2><ul>{reasons}</ul>")
+    if data["evaluation"]:
+        ev = data["evaluation"]
+        parts.append(f"<h2>Models on the {html.escape(ev['split'])} split ({ev['examples']} examples)</h2>" + _table(
+            [(r["name"], f"{100 * r['accuracy']:.2f}%", f"{r['params']:,}", f"{r['size_bytes'] / 1024:.0f} KiB",
+              f"{r['latency_us']:.2f} µs") for r in ev["rows"]],
+            ("model", "accuracy", "parameters", "SavedModel", "latency / example")))
+        if ev.get("distillation"):
+            d = ev["distillation"]
+            parts.append(f"<p>Distillation closed <b>{100 * d['gap_closed']:.0f}%</b> of the gap between the student "
+                         f"from scratch and the teacher, with {d['param_ratio']:.3f} of its parameters.</p>")
+        if "evaluation.png" in pngs:
+            parts.append(_img(pngs["evaluation.png"], "accuracy per model"))
+    if "node_curves.png" in pngs:
+        parts.append("<h2>Validation accuracy per model</h2>" + _img(pngs["node_curves.png"], "per-model curves"))
     for name, (title, _) in CURVE_GROUPS.items():
         if name in pngs:
             parts.append(f"<h2>{title}</h2>" + _img(pngs[name], title))
@@ -192,6 +233,13 @@ def build(mlflow_run_id: str, log_to_mlflow: bool = True) -> str:
             if any(data["series"].get(n) for panel in panels for n in panel):
                 pngs[name] = os.path.join(out, name)
                 _plot_series(data["series"], panels, title, pngs[name])
+        if data["evaluation"]:
+            pngs["evaluation.png"] = os.path.join(out, "evaluation.png")
+            _plot_evaluation(data["evaluation"]["rows"], pngs["evaluation.png"])
+        if data["node_curves"]:
+            pngs["node_curves.png"] = os.path.join(out, "node_curves.png")
+            _plot_series(data["series"], [tuple(data["node_curves"])], "Validation accuracy per epoch",
+                         pngs["node_curves.png"])
         if data["durations"]:
             pngs["durations.png"] = os.path.join(out, "durations.png")
             _plot_durations(data["durations"], pngs["durations.png"])

@@ -263,3 +263,41 @@ def test_list_inputs_are_wired_as_lists_only():
     with pytest.raises(SpecError, match="takes a list of Model URIs"):
         EVALUATOR.run({"examples": "/tmp", "models": "/tmp"}, {"evaluation": "/tmp/x"},
                       {"label_key": "digit", "model_names": ["a"]})
+
+
+def test_teacher_jitter_moves_each_image_by_one_of_the_shifts():
+    from pipelines.digits_module import SHIFTS, _shift_batch, shift_pixels
+
+    images = np.arange(1, 65, dtype=np.float32).reshape(1, 8, 8)
+    for dx, dy in SHIFTS:
+        expected = np.zeros_like(images)
+        expected[:, max(dy, 0):8 + min(dy, 0), max(dx, 0):8 + min(dx, 0)] = \
+            images[:, max(-dy, 0):8 - max(dy, 0), max(-dx, 0):8 - max(dx, 0)]
+        moved = shift_pixels(tf.constant(images.reshape(1, 64)), dx, dy).numpy().reshape(1, 8, 8)
+        np.testing.assert_array_equal(moved, expected)
+    batch = tf.constant(np.random.default_rng(0).random((200, 64), dtype=np.float32))
+    features, label = _shift_batch({"pixels": batch}, tf.range(200), seed=1)
+    np.testing.assert_array_equal(label.numpy(), np.arange(200))
+    candidates = np.stack([shift_pixels(batch, dx, dy).numpy() for dx, dy in SHIFTS], axis=1)
+    picked = [next(i for i in range(len(SHIFTS)) if np.array_equal(candidates[n, i], features["pixels"][n]))
+              for n in range(200)]
+    assert len(set(picked)) == len(SHIFTS), "every shift is drawn, per image"
+
+
+def test_run_report_shows_the_table_and_every_models_curve(distill_run):
+    from pipelines import records
+
+    report = distill_run["summary"].tags["hpml.report"]
+    folder = os.path.dirname(report)
+    data = json.load(open(os.path.join(folder, "report.json")))
+    assert data["evaluation"] == _results(distill_run["outputs"])
+    assert data["node_curves"] == sorted(f"{n}.val_accuracy" for n in
+                                         ["Teacher_0", "Teacher_1", "Teacher_2", "Student_scratch", "Student_distilled"])
+    for name in data["node_curves"]:
+        assert data["series"][name] == [list(p) for p in records.history(distill_run["mlflow_run_id"], name)]
+    assert len(data["series"]["Student_distilled.val_accuracy"]) == CONF["student_epochs"]
+    for png in ("evaluation.png", "node_curves.png"):
+        with open(os.path.join(folder, png), "rb") as handle:
+            assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    page = open(report).read()
+    assert "Models on the eval split" in page and "<td>student_distilled</td>" in page
