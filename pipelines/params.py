@@ -2,6 +2,8 @@
 the local runner and the Airflow trigger form alike."""
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Mapping
 
 import jsonschema
@@ -43,7 +45,8 @@ def training_params_schema(default_data_path: str) -> dict:
                 "type": "string", "enum": ["local", "kubernetes", "vertex"], "default": "local",
                 "title": "Launcher",
                 "description": "Where Trainer workers run: local processes on loopback; kubernetes (Kubeflow "
-                               "TFJob) and vertex (Vertex AI CustomJob) need a container image and a cluster.",
+                               "TFJob) and vertex (Vertex AI CustomJob) need the deployment's HPML_CLUSTER_CONFIG "
+                               "(image, namespace, ...).",
             },
             "remat": {
                 "type": "string", "enum": ["never", "except_last", "always"], "default": "except_last",
@@ -54,8 +57,8 @@ def training_params_schema(default_data_path: str) -> dict:
             "num_workers": {
                 "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
                 "title": "Workers",
-                "description": "Trainer worker processes (local launcher, loopback). More than 1 needs strategy "
-                               "auto or multi_worker_mirrored.",
+                "description": "Trainer worker processes: on loopback (local launcher) or replicas of the "
+                               "remote job. More than 1 needs strategy auto or multi_worker_mirrored.",
             },
             "gradient_accumulation_steps": {
                 "type": "integer", "minimum": 1, "maximum": 64, "default": 1,
@@ -86,10 +89,30 @@ def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
     if "data_path" in merged:
         merged["data_path"] = confine(merged["data_path"], "data_path")
     if merged.get("launcher", "local") != "local":
-        raise SpecError(f"parameter 'launcher': {merged['launcher']!r} submits to a remote cluster, which needs a "
-                        "container image of this project and cluster credentials that this deployment does not "
-                        "configure", hint="use launcher local here; see infra/README.md for TFJob and Vertex AI")
+        merged["cluster"] = cluster_config(merged["launcher"])
     return merged
+
+
+def cluster_config(launcher: str) -> dict:
+    """The deployment's remote-cluster settings (the Trainer's `cluster` parameter) from the JSON file
+    HPML_CLUSTER_CONFIG names; a remote launcher without one is refused before any work."""
+    from components.trainer.launchers.remote import RemoteCluster
+
+    path = os.environ.get("HPML_CLUSTER_CONFIG")
+    if not path:
+        raise SpecError(f"parameter 'launcher': {launcher!r} submits to a remote cluster, which needs a "
+                        "container image of this project and cluster credentials that this deployment does not "
+                        "configure", hint="set HPML_CLUSTER_CONFIG to a JSON file with image, namespace, ... "
+                                          "(see infra/README.md), or use launcher local")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except (OSError, json.JSONDecodeError) as err:
+        raise SpecError(f"HPML_CLUSTER_CONFIG {path}: {err}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"HPML_CLUSTER_CONFIG {path}: must hold a JSON object")
+    RemoteCluster.from_params(launcher, raw)  # every field checked now, not when the Trainer starts
+    return raw
 
 
 def _hint(schema: Mapping, err) -> str | None:

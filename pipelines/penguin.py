@@ -49,6 +49,7 @@ PIPELINE = Pipeline(
                     "gradient_accumulation_steps": p["gradient_accumulation_steps"], "remat": p["remat"],
                 },
                 "launcher": p["launcher"],
+                "cluster": p.get("cluster", {}),
                 "strategy": p["strategy"],
                 "num_workers": p["num_workers"],
             },

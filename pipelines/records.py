@@ -102,7 +102,9 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
         metrics += [Metric("gpipe.expected_bubble", gpipe["expected_bubble"], now, 0),
                     Metric("gpipe.measured_bubble", gpipe["measured_bubble"], now, 0)]
     launch = properties.get("launch")
-    if launch:
+    if launch and "job" in launch:  # a remote job (TFJob or Vertex AI CustomJob)
+        tags.append(RunTag("hpml.remote_job", f"{launch['launcher']}:{launch['job']}"))
+    elif launch:
         metrics += [Metric("restarts", launch["restarts"], now, 0), Metric("steps_lost", launch["steps_lost"], now, 0),
                     Metric("recovery_seconds", sum(launch["recovery_seconds"]), now, 0)]
     stall = properties.get("input_stall")

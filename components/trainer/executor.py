@@ -18,6 +18,7 @@ from components.input_pipeline import read_spec
 from components.input_pipeline.shards import explain_read_error
 from components.input_pipeline.stall import STALL_FILE
 from components.trainer.fn_args import FnArgs, input_pipeline_data_accessor, tfxio_data_accessor
+from components.trainer.launchers import remote
 from components.user_module import load_function
 
 log = logging.getLogger("hpml.trainer")
@@ -40,13 +41,24 @@ def _model_memory(params) -> plan_mod.ModelMemory | None:
 
 
 def make_plan(params) -> plan_mod.Plan:
-    if params["launcher"] == "local" and (params["num_workers"] > 1 or params["num_ps"] > 0):
+    requested = params["strategy"]
+    if _remote(params):
+        cluster = plan_mod.ClusterInfo(workers=params["num_workers"], ps=params["num_ps"])
+        requested = remote.strategy_for(requested, params["num_ps"])
+    elif params["num_workers"] > 1 or params["num_ps"] > 0:
         cluster = plan_mod.ClusterInfo(workers=params["num_workers"], ps=params["num_ps"])
     else:
         cluster = plan_mod.discover_cluster()
-    plan = plan_mod.decide(plan_mod.discover_inventory(), cluster, _model_memory(params), params["strategy"])
+    plan = plan_mod.decide(plan_mod.discover_inventory(), cluster, _model_memory(params), requested)
+    if _remote(params):
+        plan.reasons.append(f"a {params['launcher']} job of {params['num_workers']} worker(s) and "
+                            f"{params['num_ps']} parameter server(s)")
     log.info("strategy plan: %s", plan.explain())
     return plan
+
+
+def _remote(params) -> bool:
+    return params["launcher"] in ("kubernetes", "vertex")
 
 
 def _check_inputs(examples: str, splits: list[str]) -> list[str]:
@@ -67,10 +79,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     train_files = _check_inputs(inputs["examples"], params["train_splits"])
     eval_files = _check_inputs(inputs["examples"], params["eval_splits"])
     distillation = distill_mode.plan(inputs["examples"], inputs.get("teachers"), params)
+    cluster = remote.RemoteCluster.from_params(params["launcher"], params["cluster"]) if _remote(params) else None
     plan = make_plan(params)
     distributed = params["num_workers"] > 1 or params["num_ps"] > 0
-    if distributed and params["launcher"] == "local" and \
-            plan.strategy not in ("multi_worker_mirrored", "parameter_server"):
+    if distributed and params["launcher"] == "local" and plan.strategy not in remote.CLUSTER_STRATEGIES:
         raise SpecError(f"num_workers={params['num_workers']}, num_ps={params['num_ps']} needs strategy "
                         f"multi_worker_mirrored or parameter_server, not {plan.strategy}")
 
@@ -100,11 +112,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                input_pipeline_dir=inputs.get("input_pipeline"),
                                **({distill_mode.CONFIG_KEY: distillation.to_dict()} if distillation else {})),
         )
-        if params["launcher"] == "local" and distributed:
+        if cluster is not None:
+            launch = _launch_remote(fn_args, params, plan, cluster, outputs["model"])
+        elif distributed:
             launch = _launch_local(fn_args, params, plan)
-        elif params["launcher"] in ("kubernetes", "vertex"):
-            raise SpecError(f"launcher {params['launcher']!r} submits to a remote cluster and needs a container "
-                            "image; use components.trainer.launchers directly", hint="see README, Launchers")
         else:
             _run_in_process(load_function(params["module"], run_fn_name), fn_args,
                             spec.compression if spec else "GZIP")
@@ -121,7 +132,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
     shutil.rmtree(working_dir, ignore_errors=True)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
-            "launch": launch.to_dict() if launch else None, "input_stall": input_stall,
+            "launch": launch.to_dict() if hasattr(launch, "to_dict") else launch, "input_stall": input_stall,
             "skipped_shards": sorted(skipped_shards),
             "distillation": distillation.to_dict() if distillation else None}
 
@@ -148,14 +159,33 @@ def _read_json(path: str):
         return json.load(handle)
 
 
-def _launch_local(fn_args: FnArgs, params, plan):
-    from components.trainer.launchers.local import LocalLauncher
-
+def _write_job(fn_args: FnArgs, params, plan) -> str:
+    """The job file every worker process reads: module, run_fn, strategy and the FnArgs fields."""
     fields = {k: v for k, v in asdict(fn_args).items() if k != "data_accessor"}
     job = {"module": params["module"], "run_fn": params["run_fn"], "strategy": plan.strategy, "fn_args": fields}
     job_path = os.path.join(fn_args.working_dir, "job.json")
     with open(job_path, "w", encoding="utf-8") as handle:
         json.dump(job, handle)
+    return job_path
+
+
+def _launch_remote(fn_args: FnArgs, params, plan, cluster: remote.RemoteCluster, model_uri: str) -> dict:
+    """Run the workers as a TFJob or a Vertex AI CustomJob; they read the job file from shared storage."""
+    from components.trainer.launchers.cluster_job import ClusterJob
+
+    job = ClusterJob(name=remote.job_name(model_uri), image=cluster.image, job_uri=_write_job(fn_args, params, plan),
+                     strategy=plan.strategy, num_workers=params["num_workers"], num_ps=params["num_ps"],
+                     gpus_per_worker=cluster.gpus_per_worker, cpu=cluster.cpu, memory=cluster.memory,
+                     max_restarts=params["max_restarts"])
+    report = remote.launch(params["launcher"], cluster, job)
+    log.info("remote job finished: %s", report)
+    return report
+
+
+def _launch_local(fn_args: FnArgs, params, plan):
+    from components.trainer.launchers.local import LocalLauncher
+
+    job_path = _write_job(fn_args, params, plan)
     launcher = LocalLauncher(params["num_workers"], params["num_ps"], params["max_restarts"])
     report = launcher.run(job_path, os.path.join(fn_args.working_dir, "progress"))
     log.info("launch report: %s", report.to_dict())

@@ -36,7 +36,11 @@ TRAINER = ComponentSpec(
         "hyperparameters": Parameter(dict, {}),
         "custom_config": Parameter(dict, {}),
         "strategy": Parameter(str, "auto", choices=STRATEGIES),
-        "launcher": Parameter(str, "local", choices=("local", "kubernetes", "vertex")),
+        "launcher": Parameter(str, "local", choices=("local", "kubernetes", "vertex"),
+                              help="local processes on loopback, a Kubeflow TFJob, or a Vertex AI CustomJob"),
+        "cluster": Parameter(dict, {}, help="for kubernetes/vertex: image, namespace, gpus_per_worker, cpu, memory, "
+                                            "kube_context, poll_seconds, timeout_seconds; vertex: project, "
+                                            "location, staging_bucket, machine_type, accelerator_type"),
         "num_workers": Parameter(int, 1, check=lambda n: None if n >= 1 else "must be >= 1"),
         "num_ps": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0"),
         "max_restarts": Parameter(int, 2, check=lambda n: None if n >= 0 else "must be >= 0"),

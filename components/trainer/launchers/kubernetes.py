@@ -20,6 +20,7 @@ log = logging.getLogger("hpml.launcher.kubernetes")
 TEMPLATE = Path(__file__).resolve().parents[3] / "infra" / "tfjob.yaml"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 _REPLICA_NAMES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
+REQUEST_TIMEOUT_S = 60  # an API server that stops answering must not hang the Trainer task
 
 
 def render(job: ClusterJob, namespace: str = "default") -> dict:
@@ -57,7 +58,8 @@ def submit(manifest: dict, api_client) -> str:
     from kubernetes import client
 
     api = client.CustomObjectsApi(api_client)
-    created = api.create_namespaced_custom_object(GROUP, VERSION, manifest["metadata"]["namespace"], PLURAL, manifest)
+    created = api.create_namespaced_custom_object(GROUP, VERSION, manifest["metadata"]["namespace"], PLURAL, manifest,
+                                                  _request_timeout=REQUEST_TIMEOUT_S)
     return created["metadata"]["name"]
 
 
@@ -69,7 +71,8 @@ def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, po
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
-        obj = api.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name)
+        obj = api.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                      _request_timeout=REQUEST_TIMEOUT_S)
         status = obj.get("status") or {}
         conditions = [c for c in status.get("conditions", []) if c.get("status") == "True"]
         latest = conditions[-1]["type"] if conditions else None

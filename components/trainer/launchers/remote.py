@@ -1,0 +1,117 @@
+"""The Trainer's remote launches: a Kubeflow TFJob or a Vertex AI CustomJob running the worker
+entry point on the job file the Trainer wrote.
+
+The cluster must see the same paths as the Trainer task: the artifact root (HPML_ARTIFACT_ROOT)
+on shared storage mounted at the same path in every pod (a PVC), or a gcsfuse path such as
+/gcs/<bucket>/... on Vertex AI. `RemoteCluster` is the Trainer's `cluster` parameter, typed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+from components.errors import SpecError
+from components.trainer.launchers import vertex
+from components.trainer.launchers.cluster_job import ClusterJob
+
+log = logging.getLogger("hpml.launcher.remote")
+
+CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+
+
+@dataclass(frozen=True)
+class RemoteCluster:
+    """Where and how a remote Trainer job runs."""
+
+    image: str
+    namespace: str = "default"
+    gpus_per_worker: int = 0
+    cpu: str = "4"
+    memory: str = "16Gi"
+    kube_context: str | None = None  # None: in-cluster config, else the current kubeconfig context
+    poll_seconds: float = 10.0
+    timeout_seconds: float = 24 * 3600.0
+    project: str | None = None  # Vertex AI
+    location: str = "us-central1"
+    staging_bucket: str | None = None
+    machine_type: str = vertex.DEFAULT_MACHINE
+    accelerator_type: str = vertex.DEFAULT_ACCELERATOR
+
+    @classmethod
+    def from_params(cls, launcher: str, raw: dict) -> "RemoteCluster":
+        """Validate the Trainer's `cluster` parameter for `launcher`; every problem names its field."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(fields))
+        if unknown:
+            raise SpecError(f"Trainer: cluster has unknown field(s) {', '.join(unknown)}",
+                            hint=f"known fields: {', '.join(fields)}")
+        if not raw.get("image"):
+            raise SpecError(f"Trainer: launcher {launcher!r} needs cluster.image, the training image to run",
+                            hint="build it from infra/Dockerfile and push it where the cluster can pull it")
+        for name in ("gpus_per_worker",):
+            if name in raw and (not isinstance(raw[name], int) or isinstance(raw[name], bool) or raw[name] < 0):
+                raise SpecError(f"Trainer: cluster.{name} must be a whole number >= 0, got {raw[name]!r}")
+        for name in ("poll_seconds", "timeout_seconds"):
+            if name in raw and (not isinstance(raw[name], (int, float)) or raw[name] <= 0):
+                raise SpecError(f"Trainer: cluster.{name} must be a positive number, got {raw[name]!r}")
+        if launcher == "vertex":
+            missing = [name for name in ("project", "staging_bucket") if not raw.get(name)]
+            if missing:
+                raise SpecError(f"Trainer: launcher 'vertex' needs cluster.{' and cluster.'.join(missing)}")
+        return cls(**raw)
+
+
+def strategy_for(requested: str, num_ps: int) -> str:
+    """A remote job runs a cluster strategy: auto means parameter_server with ps tasks, else MWMS."""
+    if requested == "auto":
+        return "parameter_server" if num_ps else "multi_worker_mirrored"
+    if requested not in CLUSTER_STRATEGIES:
+        raise SpecError(f"Trainer: a remote launcher runs multi_worker_mirrored or parameter_server, not {requested}",
+                        hint="set strategy to auto, multi_worker_mirrored or parameter_server")
+    return requested
+
+
+def job_name(model_uri: str) -> str:
+    """A Kubernetes name unique to this attempt: a retried task must not collide with its last job."""
+    digest = hashlib.sha256(os.path.abspath(model_uri).encode()).hexdigest()[:10]
+    return f"hpml-trainer-{digest}-{uuid.uuid4().hex[:6]}"
+
+
+def kubernetes_api_client(context: str | None):
+    """The kubernetes client, configured in-cluster (a pod) or from the kubeconfig (KUBECONFIG)."""
+    from kubernetes import client, config
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and context is None:
+        config.load_incluster_config()
+        return client.ApiClient()
+    configuration = client.Configuration()
+    # KUBECONFIG is read now: the client library reads it once, when it is first imported.
+    config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context,
+                            client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob) -> dict:
+    """Submit the job and wait for it; returns what the run record keeps. Raises if it fails."""
+    started = time.monotonic()
+    if launcher == "kubernetes":
+        from components.trainer.launchers import kubernetes as k8s
+
+        api = kubernetes_api_client(cluster.kube_context)
+        manifest = k8s.render(job, cluster.namespace)
+        name = k8s.submit(manifest, api)
+        log.info("submitted TFJob %s/%s (%s)", cluster.namespace, name, job.strategy)
+        status = k8s.wait(name, cluster.namespace, api, timeout_s=cluster.timeout_seconds,
+                          poll_s=cluster.poll_seconds)
+        return {"launcher": "kubernetes", "job": f"{cluster.namespace}/{name}",
+                "replicas": job.roles(), "seconds": time.monotonic() - started,
+                "conditions": [c.get("type") for c in status.get("conditions", [])]}
+    custom_job = vertex.submit(job, cluster.project, cluster.location, cluster.staging_bucket,
+                               machine_type=cluster.machine_type, accelerator_type=cluster.accelerator_type)
+    return {"launcher": "vertex", "job": custom_job.resource_name, "replicas": job.roles(),
+            "seconds": time.monotonic() - started}

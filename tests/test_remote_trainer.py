@@ -1,0 +1,117 @@
+"""The Trainer drives a remote launch end to end: it writes the job file, renders a TFJob, submits
+it through the real kubernetes client, waits, and publishes the model the replicas wrote.
+
+The cluster is tests/k8s_standin.py: a loopback API server whose "training operator" runs each
+replica's container command as a local process with the TF_CONFIG a TFJob replica gets. What
+this proves: the manifest's command, env and job file are enough for the workers to train and
+export; what it cannot prove: image pulls, scheduling, volumes and RBAC on a real cluster."""
+import glob
+import os
+import textwrap
+
+import jsonschema
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.errors import HpmlError, SpecError
+from components.trainer import TRAINER
+from tests.k8s_standin import TrainingOperatorStandIn
+from tests.test_launchers import tfjob_schema  # noqa: F401 - the CRD schema fixture
+
+IMAGE = "registry.example/hpml:test"
+
+
+def _inputs(outputs):
+    return {"examples": outputs["Transform"]["transformed_examples"],
+            "transform_graph": outputs["Transform"]["transform_graph"],
+            "schema": outputs["ExampleGen"]["schema"]}
+
+
+def _out(tmp_path, name):
+    return {"model": str(tmp_path / name / "model"), "model_run": str(tmp_path / name / "model_run")}
+
+
+@pytest.fixture
+def operator(tmp_path, monkeypatch):
+    with TrainingOperatorStandIn(tmp_path) as standin:
+        monkeypatch.setenv("KUBECONFIG", str(standin.kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield standin
+
+
+def _params(**extra):
+    return dict({"module": "pipelines.penguin_module", "launcher": "kubernetes", "num_workers": 2,
+                 "hyperparameters": {"epochs": 2, "batch_size": 16},
+                 "cluster": {"image": IMAGE, "namespace": "ml", "poll_seconds": 0.2}}, **extra)
+
+
+def test_trainer_runs_multi_worker_training_as_a_tfjob(penguin_outputs, operator, tmp_path, tfjob_schema):  # noqa: F811
+    out = _out(tmp_path, "tfjob")
+    props = TRAINER.run(_inputs(penguin_outputs), out, _params())
+    launch = props["launch"]
+    assert launch["launcher"] == "kubernetes" and launch["job"].startswith("ml/hpml-trainer-")
+    assert launch["replicas"] == {"chief": 1, "worker": 1, "ps": 0} and launch["conditions"][-1] == "Succeeded"
+    assert props["plan"]["strategy"] == "multi_worker_mirrored"
+    (job,) = operator.jobs.values()
+    jsonschema.validate(job["manifest"], tfjob_schema)
+    container = job["manifest"]["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]
+    assert container["image"] == IMAGE and container["command"][:3] == ["python", "-m", "components.trainer.worker"]
+    assert sorted(job["cluster"]) == ["chief", "worker"], "the replicas formed the cluster the manifest asked for"
+    assert [row["epoch"] for row in props["history"]] == [1, 2]
+    # The model the chief wrote on shared storage is the published Model artifact, and it serves.
+    serve = tf.saved_model.load(os.path.join(out["model"], "Format-Serving")).signatures["serving_default"]
+    files = glob.glob(os.path.join(penguin_outputs["ExampleGen"]["examples"], "Split-eval", "*.gz"))
+    raw = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    np.testing.assert_allclose(serve(examples=tf.constant(raw))["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
+    assert not os.path.exists(out["model"] + ".work"), "the job's working dir is removed after success"
+
+
+def test_a_failed_tfjob_fails_the_trainer_with_the_replicas_error(penguin_outputs, operator, tmp_path):
+    module = tmp_path / "broken_on_cluster.py"
+    module.write_text(textwrap.dedent('''
+        def run_fn(fn_args):
+            raise RuntimeError("the cluster's data mount is empty")
+    '''))
+    out = _out(tmp_path, "failed")
+    with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+ failed: chief-0 exited with code 1: .*"
+                                        r"the cluster's data mount is empty"):
+        TRAINER.run(_inputs(penguin_outputs), out, _params(module=str(module)))
+    assert not os.path.exists(out["model"]) and not os.path.exists(out["model_run"]), "nothing half-published"
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"cluster": {"namespace": "ml"}}, "launcher 'kubernetes' needs cluster.image"),
+    ({"cluster": {"image": IMAGE, "replicas": 3}}, "cluster has unknown field"),
+    ({"cluster": {"image": IMAGE, "gpus_per_worker": -1}}, "cluster.gpus_per_worker must be a whole number"),
+    ({"launcher": "vertex", "cluster": {"image": IMAGE}}, "needs cluster.project and cluster.staging_bucket"),
+    ({"strategy": "mirrored"}, "a remote launcher runs multi_worker_mirrored or parameter_server, not mirrored"),
+    ({"strategy": "parameter_server"}, "needs a cluster with ps tasks"),
+])
+def test_remote_settings_are_checked_before_anything_is_submitted(penguin_outputs, operator, tmp_path, extra,
+                                                                  message):
+    with pytest.raises(SpecError, match=message):
+        TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "refused"), _params(**extra))
+    assert operator.requests == [], "no job was submitted"
+    assert not os.path.exists(tmp_path / "refused")
+
+
+def test_penguin_pipeline_trains_on_the_cluster_the_deployment_configures(airflow_db, operator, tmp_path, monkeypatch):
+    import json
+
+    from pipelines import records, runner
+    from pipelines.penguin import PIPELINE
+
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps({"image": IMAGE, "namespace": "ml", "poll_seconds": 0.2}))
+    monkeypatch.setenv("HPML_CLUSTER_CONFIG", str(config))
+    context = runner.run_local(PIPELINE, {"launcher": "kubernetes", "num_workers": 2, "epochs": 2, "batch_size": 16})
+    summary = records.load(context.mlflow_run_id)
+    assert summary.status == "FINISHED"
+    assert summary.tags["hpml.remote_job"].startswith("kubernetes:ml/hpml-trainer-")
+    assert summary.tags["hpml.strategy"] == "multi_worker_mirrored"
+    assert len(operator.jobs) == 1 and "eval_accuracy" in records.client().get_run(context.mlflow_run_id).data.metrics
+    config.write_text(json.dumps({"namespace": "ml"}))
+    with pytest.raises(SpecError, match="needs cluster.image"):
+        runner.start(PIPELINE, {"launcher": "kubernetes"})
+    assert len(operator.jobs) == 1
