@@ -27,6 +27,16 @@ _COLLECTION = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/tfjobs$")
 _STATUS = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/tfjobs/([^/]+)/status$")
 
 
+def reply_json(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
+    """Answer an HTTP request with a JSON body, as the API server does."""
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class _Replica:
     def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
         self.name, self.log_path = name, log_path
@@ -121,12 +131,7 @@ class TrainingOperatorStandIn:
                 pass
 
             def _reply(self, code, body):
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, body)
 
             def do_POST(self):
                 operator.requests.append(("POST", self.path))

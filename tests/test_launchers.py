@@ -17,6 +17,7 @@ from components.errors import HpmlError, SpecError
 from components.trainer.launchers import kubernetes as k8s
 from components.trainer.launchers import vertex
 from components.trainer.launchers.cluster_job import ClusterJob
+from tests.k8s_standin import reply_json
 
 SHARED = Path(os.environ.get("HPML_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 
@@ -81,12 +82,7 @@ class _FakeApiServer(BaseHTTPRequestHandler):
         pass
 
     def _reply(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        reply_json(self, code, body)
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

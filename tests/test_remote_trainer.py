@@ -17,19 +17,10 @@ import tensorflow as tf
 from components.errors import HpmlError, SpecError
 from components.trainer import TRAINER
 from tests.k8s_standin import TrainingOperatorStandIn
+from tests.test_distributed import _inputs, _out
 from tests.test_launchers import tfjob_schema  # noqa: F401 - the CRD schema fixture
 
 IMAGE = "registry.example/hpml:test"
-
-
-def _inputs(outputs):
-    return {"examples": outputs["Transform"]["transformed_examples"],
-            "transform_graph": outputs["Transform"]["transform_graph"],
-            "schema": outputs["ExampleGen"]["schema"]}
-
-
-def _out(tmp_path, name):
-    return {"model": str(tmp_path / name / "model"), "model_run": str(tmp_path / name / "model_run")}
 
 
 @pytest.fixture
