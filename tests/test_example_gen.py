@@ -65,6 +65,28 @@ def test_split_is_deterministic_and_configurable(tmp_path):
     assert c["split_counts"]["train"] > 3 * c["split_counts"]["eval"]
 
 
+def test_split_is_the_same_in_every_process(tmp_path):
+    """The hash split keys on serialized examples: map order must not depend on the process."""
+    import subprocess
+    import sys
+
+    header = ",".join(f"c{i}" for i in range(24))
+    csv = write_csv(tmp_path / "wide.csv", header, [",".join(str(i * j % 17) for j in range(24)) for i in range(90)])
+    script = ("import sys; from components.example_gen import EXAMPLE_GEN; "
+              "print('COUNTS', EXAMPLE_GEN.run({}, {'examples': sys.argv[2], 'schema': sys.argv[3]}, "
+              "{'input_path': sys.argv[1]})['split_counts'])")
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        done = subprocess.run([sys.executable, "-c", script, csv, str(out / "examples"), str(out / "schema")],
+                              capture_output=True, text=True, timeout=300,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert done.returncode == 0, done.stderr[-2000:]
+        eval_bytes = [open(f, "rb").read() for f in sorted(glob.glob(str(out / "examples" / "Split-eval" / "*.gz")))]
+        runs.append((done.stdout.split("COUNTS", 1)[1].strip(), [gzip.decompress(b) for b in eval_bytes]))
+    assert runs[0] == runs[1], "two processes split the same CSV differently"
+
+
 def test_missing_values_leave_the_feature_out_and_schema_marks_it_optional(tmp_path, penguin_csv):
     props, out = _run(tmp_path, {"input_path": penguin_csv})
     schema = {f.name: f for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature}

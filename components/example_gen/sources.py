@@ -137,7 +137,8 @@ def csv_row_to_example(row, kinds: dict) -> tuple[str, int, bytes]:
             feature.float_list.value.append(float(text))
         else:
             feature.bytes_list.value.append(text.encode("utf-8"))
-    return path, line, example.SerializeToString()
+    # Deterministic: map order would otherwise vary per process, and the hash split with it.
+    return path, line, example.SerializeToString(deterministic=True)
 
 
 class ReadTFRecordExamples(beam.DoFn):

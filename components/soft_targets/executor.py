@@ -45,7 +45,7 @@ class AddSoftTargets(beam.DoFn):
         for serialized, row in zip(batch, targets):
             example = tf.train.Example.FromString(serialized)
             example.features.feature[SOFT_TARGETS_FEATURE].float_list.value.extend(row.tolist())
-            yield example.SerializeToString()
+            yield example.SerializeToString(deterministic=True)
 
 
 def _class_counts(teacher_dirs, feature_spec, label_key, sample_file) -> int:
