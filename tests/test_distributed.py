@@ -57,6 +57,24 @@ def test_mirrored_and_central_storage_on_logical_cpus(penguin_outputs, tmp_path,
     assert len(losses) == 3 and losses[-1] < losses[0]
 
 
+def test_mirrored_and_central_storage_on_exactly_two_logical_cpus(penguin_outputs, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "assets", "two_logical_cpus.py")
+    inputs = _inputs(penguin_outputs)
+    done = subprocess.run([sys.executable, script, inputs["examples"], inputs["transform_graph"], inputs["schema"],
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.split("RESULTS ", 1)[1])
+    for strategy in ("mirrored", "central_storage"):
+        assert results[strategy]["replicas"] == 2 and results[strategy]["plan"] == strategy
+        losses = results[strategy]["losses"]
+        assert len(losses) == 3 and losses[-1] < losses[0]
+        assert os.path.isfile(tmp_path / strategy / "model" / "Format-Serving" / "saved_model.pb")
+
+
 def test_parameter_server_training_with_two_workers_and_one_ps(penguin_outputs, tmp_path):
     outputs = _out(tmp_path, "pss")
     result = TRAINER.run(_inputs(penguin_outputs), outputs, {
