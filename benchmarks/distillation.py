@@ -104,10 +104,9 @@ def _table(results: list[dict], timing: dict[str, list[float]], seeds: list[int]
     lines += ["",
               f"Gap closed, (distilled − scratch) / (ensemble − scratch) on the means: **{100 * gap:.0f}%** "
               f"(per seed: {', '.join(f'{100 * g:.0f}%' for g in per_seed)}; against teacher_0 alone: "
-              f"{100 * gap_teacher:.0f}%). Target ≥ 50%. The gap itself is {span:.2f} points, and one eval "
-              f"example is {one_example:.2f} points: " + (
-                  "the ratio is not meaningful when the gap is under two examples."
-                  if abs(span) < 2 * one_example else "the ratio rests on a gap of a few examples."),
+              f"{100 * gap_teacher:.0f}%). Target ≥ 50%. The gap itself is {span:.2f} points, "
+              f"{span / one_example:.0f} eval examples" + (
+                  ": under two examples the ratio is not meaningful." if abs(span) < 2 * one_example else "."),
               f"Student / ensemble parameters: {ratio:.4f}; student / one teacher: "
               f"{first['student_distilled']['params'] / first['teacher_0']['params']:.4f} (target ≤ 0.1).",
               f"Soft targets: a student epoch with the 3 teachers run on the fly takes **{slow:.1f}x** as long as "
