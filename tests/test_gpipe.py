@@ -268,3 +268,33 @@ def test_each_stage_runs_its_micro_steps_in_schedule_order_in_the_graph(schedule
         assert pipe.order[0][:4] == [("F", 0), ("F", 1), ("B", 0), ("F", 2)]
         assert not _ordered_after(graph, data_only, b0, f2)
         assert _ordered_after(graph, full, b0, f2)
+
+
+@pytest.mark.parametrize("schedule_name, remat", [("gpipe", "never"), ("gpipe", "except_last"), ("1f1b", "always")])
+def test_each_stage_executes_its_micro_steps_in_schedule_order(schedule_name, remat, tmp_path):
+    """The profiler's trace of one executed step: every micro-step ran, each stage in schedule order,
+    and the step's weights and optimizer state are left untouched by the tracing."""
+    from components.trainer.gpipe import trace
+    from components.trainer.gpipe.plot import plot_executed
+
+    _, pipe = _pair(2, 4, remat=remat, schedule_name=schedule_name)
+    x, y = _data(64)
+    pipe.train_on_batch(x, y)
+    before = [w.copy() for w in pipe.get_weights()]
+    events = trace.trace_train_step(pipe, x, y)
+    assert all(np.array_equal(a, b) for a, b in zip(before, pipe.get_weights()))
+    assert {(e.stage, e.kind, e.micro) for e in events} == {(s, k, m) for s in range(2) for k in "FB" for m in range(4)}
+    assert trace.executed_order(events, 2) == pipe.order
+    busy_fraction = 1.0 - trace.measured_bubble(events, 2)
+    assert 0.0 < busy_fraction <= 1.0
+    assert plot_executed(events, 2, str(tmp_path / "executed.png"), "step") == pytest.approx(1.0 - busy_fraction)
+    assert (tmp_path / "executed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gradient_ops_of_a_taped_forward_belong_to_its_backward():
+    from components.trainer.gpipe.trace import micro_step_of
+
+    assert micro_step_of("stage1_F3/dense/MatMul") == (1, "F", 3)
+    assert micro_step_of("gradient_tape/stage1_F3/dense/MatMul/MatMul_1") == (1, "B", 3)
+    assert micro_step_of("gradient_tape/stage0_B2/dense/TanhGrad") == (0, "B", 2)
+    assert micro_step_of("SGD/update/ResourceApplyGradientDescent") is None

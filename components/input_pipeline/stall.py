@@ -35,19 +35,13 @@ def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmu
     count = int(batches.reduce(0, lambda n, _: n + 1))  # fills the in-memory cache
     if count < steps + warmup:
         raise ValueError(f"input stall needs {steps + warmup} batches, the dataset has {count}")
-    saved = [v.numpy() for v in model.variables]
-    optimizer_state = [v.numpy() for v in model.optimizer.variables()]
-    try:
-        real, memory = [], []
+    from components.trainer.model_state import restored_afterwards
+
+    real, memory = [], []
+    with restored_afterwards(model):
         for _ in range(repeats):
             real.append(_timed_steps(model, dataset.take(steps + warmup), steps, warmup))
             memory.append(_timed_steps(model, batches, steps, warmup))
-    finally:
-        for variable, value in zip(model.variables, saved):
-            variable.assign(value)
-        for variable, value in zip(model.optimizer.variables(), optimizer_state):
-            variable.assign(value)
-        model.reset_metrics()
     real_step, memory_step = sorted(real)[len(real) // 2] / steps, sorted(memory)[len(memory) // 2] / steps
     return {"stall_fraction": max(0.0, 1.0 - memory_step / real_step), "real_step_s": real_step,
             "in_memory_step_s": memory_step, "steps": steps, "warmup_steps": warmup, "repeats": repeats}
