@@ -109,14 +109,22 @@ def build_pipeline_model(tf_transform_output, hp):
     return model
 
 
-def _record_pipeline(model, sample, model_run_dir):
-    """K, M, the balance, profiled per-stage costs and the bubble they imply, for the run record."""
-    from components.trainer.gpipe import profile
+def _record_pipeline(model, batch, model_run_dir):
+    """K, M, the balance, profiled per-stage costs and the bubble they imply, and the executed
+    timeline of one traced step (order per stage and measured bubble), for the run record."""
+    from components.trainer.gpipe import profile, trace
 
-    costs = profile.layer_costs(model.pipeline_layers, sample, repeats=3)
+    features, labels = batch[0], batch[1]
+    costs = profile.layer_costs(model.pipeline_layers, features, repeats=3)
     stage_costs = profile.stage_costs(costs, model.stages)
+    events = trace.trace_train_step(model, features, labels)
+    executed = trace.executed_order(events, model.num_stages)
     record = dict(model.describe(), stage_costs_s=stage_costs,
-                  measured_bubble=profile.measured_bubble(model.order, stage_costs))
+                  measured_bubble=profile.measured_bubble(model.order, stage_costs),
+                  executed_bubble=trace.measured_bubble(events, model.num_stages),
+                  executed_order=executed, executed_in_schedule_order=executed == model.order,
+                  executed_events=[[e.stage, e.kind, e.micro, round(e.start_ms, 4), round(e.end_ms, 4), e.name]
+                                   for e in events])
     with open(os.path.join(model_run_dir, "gpipe.json"), "w", encoding="utf-8") as handle:
         json.dump(record, handle, indent=2)
 
@@ -192,7 +200,7 @@ def run_fn(fn_args):
         if strategy_name != "multi_worker_mirrored":  # workers would have to time their steps in lockstep
             record_input_stall(model, train, fn_args.model_run_dir, steps=min(30, 2 * steps))
     if strategy_name == "gpipe":
-        _record_pipeline(model, next(iter(evaluation))[0], fn_args.model_run_dir)
+        _record_pipeline(model, next(iter(evaluation)), fn_args.model_run_dir)
     results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
     with open(os.path.join(fn_args.model_run_dir, "eval_metrics.json"), "w", encoding="utf-8") as handle:
         json.dump({k: float(v) for k, v in results.items()}, handle)

@@ -101,6 +101,9 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
                                                                  "remat", "schedule", "stage_costs_s")]
         metrics += [Metric("gpipe.expected_bubble", gpipe["expected_bubble"], now, 0),
                     Metric("gpipe.measured_bubble", gpipe["measured_bubble"], now, 0)]
+        if "executed_bubble" in gpipe:  # from the profiler trace of one executed step
+            metrics.append(Metric("gpipe.executed_bubble", gpipe["executed_bubble"], now, 0))
+            tags.append(RunTag("gpipe.executed_in_schedule_order", str(gpipe["executed_in_schedule_order"])))
     launch = properties.get("launch")
     if launch and "job" in launch:  # a remote job (TFJob or Vertex AI CustomJob)
         tags.append(RunTag("hpml.remote_job", f"{launch['launcher']}:{launch['job']}"))

@@ -213,6 +213,12 @@ def render(data: dict, pngs: dict[str, str]) -> str:
                      f"{g['expected_bubble']:.1%} expected.</p>")
         if "gantt.png" in pngs:
             parts.append(_img(pngs["gantt.png"], "GPipe schedule"))
+        if "executed_bubble" in g:
+            parts.append(f"<p>One executed step, traced with the TF profiler: every stage ran its micro-steps "
+                         f"{'in' if g['executed_in_schedule_order'] else '<b>not</b> in'} schedule order; "
+                         f"measured bubble {g['executed_bubble']:.1%}.</p>")
+        if "executed_gantt.png" in pngs:
+            parts.append(_img(pngs["executed_gantt.png"], "GPipe executed step"))
     if data["distributed"]:
         parts.append("<h2>Fault tolerance</h2>" + _table(
             [(k.replace("_", " "), f"{v:g}") for k, v in data["distributed"].items()], ("measure", "value")))
@@ -254,6 +260,13 @@ def build(mlflow_run_id: str, log_to_mlflow: bool = True) -> str:
             pngs["gantt.png"] = os.path.join(out, "gantt.png")
             plot_gantt(order, [1e3 * c for c in g["stage_costs_s"]], pngs["gantt.png"],
                        f"{g['schedule']} K={g['num_stages']} M={g['num_micro_batches']}")
+            if g.get("executed_events"):
+                from components.trainer.gpipe.plot import plot_executed
+                from components.trainer.gpipe.trace import OpEvent
+
+                pngs["executed_gantt.png"] = os.path.join(out, "executed_gantt.png")
+                plot_executed([OpEvent(*row) for row in g["executed_events"]], g["num_stages"],
+                              pngs["executed_gantt.png"], f"executed {g['schedule']} step")
         with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as handle:
             json.dump({k: v for k, v in data.items() if k != "input_stages"}, handle, indent=2, default=str)
         with open(os.path.join(out, REPORT_FILE), "w", encoding="utf-8") as handle:

@@ -186,6 +186,11 @@ def test_trainer_gpipe_strategy_records_the_pipeline_and_serves(penguin_outputs,
     assert record["num_stages"] == 2 and record["num_micro_batches"] == 4 and record["balance"] == [2, 2]
     assert len(record["stage_costs_s"]) == 2 and all(c > 0 for c in record["stage_costs_s"])
     assert record["expected_bubble"] == pytest.approx(0.2) and 0.2 <= record["measured_bubble"] < 0.6
+    # One executed step, traced after training (and after the input-stall measurement's own train function).
+    assert record["executed_in_schedule_order"], record["executed_order"]
+    assert {(s, kind, m) for s, kind, m, _, _, _ in record["executed_events"]} == \
+        {(s, kind, m) for s in range(2) for kind in "FB" for m in range(4)}
+    assert 0.0 <= record["executed_bubble"] < 1.0
     losses = [row["loss"] for row in result["history"]]
     assert losses[-1] < losses[0]
     serve = tf.saved_model.load(os.path.join(outputs["model"], "Format-Serving")).signatures["serving_default"]

@@ -50,6 +50,9 @@ def trace_train_step(model, x, y, logdir: str | None = None) -> list[OpEvent]:
 def _profile(model, x, y, logdir: str | None) -> list[OpEvent]:
     import tensorflow as tf
 
+    # A fresh train function: one made elsewhere (e.g. around a dataset iterator, as the input-stall
+    # measurement does) shows up in the trace as a few call ops instead of the step's ops.
+    model.make_train_function(force=True)
     model.train_on_batch(x, y)  # trace and warm up outside the profile
     with tempfile.TemporaryDirectory() as scratch:
         target = logdir or scratch
