@@ -35,7 +35,7 @@ def _setup_devices(k: int):
     return "GPU" if len(gpus) >= 2 else "CPU (logical devices)"
 
 
-def _model(k, m, remat="except_last", swap=False, pipelined=True):
+def _model(k, m, remat="except_last", swap=False, pipelined=True, schedule_name="gpipe"):
     import tf_keras
 
     from components.trainer.gpipe.pipeline_model import PipelineModel
@@ -46,7 +46,7 @@ def _model(k, m, remat="except_last", swap=False, pipelined=True):
     params = [WIDTH * WIDTH + WIDTH] * DEPTH + [WIDTH * 10 + 10]
     if pipelined:
         model = PipelineModel(layers, num_stages=k, num_micro_batches=m, balance="params", layer_costs=params,
-                              remat=remat, swap=swap)
+                              remat=remat, swap=swap, schedule_name=schedule_name)
     else:
         model = tf_keras.Sequential(layers)
     model(tf.zeros([1, WIDTH]))  # builds each stage's variables on its device
@@ -65,6 +65,34 @@ def _throughput(model, steps=6, batch=BATCH) -> float:
     for _ in range(steps):
         model.train_on_batch(x, y)
     return steps * batch / (time.perf_counter() - start)
+
+
+def _executed_bubbles(k: int, repeats: int) -> tuple[dict[int, float], bool]:
+    """Trace real steps for M = 1, 2, 4, 8 (and 1F1B at M = 8); Gantt PNGs of the executed steps."""
+    import numpy as np
+    import tensorflow as tf
+
+    from components.trainer.gpipe import trace
+    from components.trainer.gpipe.plot import plot_executed
+
+    x = tf.constant(np.random.default_rng(0).normal(size=(BATCH, WIDTH)).astype("float32"))
+    y = tf.constant(np.random.default_rng(1).integers(0, 10, size=(BATCH,)))
+    bubbles, in_order = {}, True
+    for m in (1, 2, 4, 8):
+        model = _model(k, m)
+        values = []
+        for _ in range(repeats):
+            events = trace.trace_train_step(model, x, y)
+            in_order &= trace.executed_order(events, k) == model.order
+            values.append(trace.measured_bubble(events, k))
+        bubbles[m] = median(values)
+        if m == 4:
+            plot_executed(events, k, str(RESULTS / "gpipe_executed_M4.png"), f"executed GPipe step K={k} M=4")
+    model = _model(k, 8, schedule_name="1f1b")
+    events = trace.trace_train_step(model, x, y)
+    in_order &= trace.executed_order(events, k) == model.order
+    plot_executed(events, k, str(RESULTS / "gpipe_1f1b_executed_M8.png"), f"executed 1F1B step K={k} M=8")
+    return bubbles, bool(in_order)
 
 
 def _memory_child(args) -> None:
@@ -128,6 +156,9 @@ def main() -> None:
             if m in (4,) else schedule.simulate(schedule.gpipe(k, m), forward_cost=costs_ms).bubble
     _gantt(schedule.one_f_one_b(k, 8), costs_ms, RESULTS / "gpipe_1f1b_gantt_M8.png", f"1F1B K={k} M=8")
 
+    # Timeline and bubble of one executed step, from the TF profiler's trace (median of the repeats).
+    executed, in_order = _executed_bubbles(k, args.repeats)
+
     # Memory: peak RSS of one process per remat mode and swap.
     memory = {}
     for remat in ("never", "except_last", "always"):
@@ -139,20 +170,27 @@ def main() -> None:
     single = med["single device"]
     lines = [f"Devices: {k} stages on {device_kind}; model {DEPTH}x Dense({WIDTH}), batch {BATCH}; "
              f"median of {args.repeats}.", "",
-             "| configuration | examples/s | vs single device | vs naive (M=1) | bubble (measured costs) | (K-1)/(M+K-1) |",
-             "|---|---|---|---|---|---|",
-             f"| single device | {single:.0f} | 1.00x | | | |"]
+             "| configuration | examples/s | vs single device | vs naive (M=1) | bubble (measured costs) "
+             "| bubble (executed step) | (K-1)/(M+K-1) |",
+             "|---|---|---|---|---|---|---|",
+             f"| single device | {single:.0f} | 1.00x | | | | |"]
     for m in (1, 2, 4, 8):
         name = f"K={k}, M={m}"
         lines.append(f"| {name} | {med[name]:.0f} | {med[name] / single:.2f}x | {med[name] / med[f'K={k}, M=1']:.2f}x "
-                     f"| {bubbles[m]:.3f} | {(k - 1) / (m + k - 1):.3f} |")
+                     f"| {bubbles[m]:.3f} | {executed[m]:.3f} | {(k - 1) / (m + k - 1):.3f} |")
     memory_kind = "peak GPU memory" if device_kind == "GPU" else "peak RSS"
     lines += ["", f"| remat / swap (K={k}, M=4, batch {MEMORY_BATCH}) | {memory_kind} (MiB) |", "|---|---|"]
     lines += [f"| {name} | {mib:.0f} |" for name, mib in memory.items()]
     lines += ["", f"Per-stage forward cost per micro-batch (ms): {', '.join(f'{c:.2f}' for c in costs_ms)}",
-              "Gantt charts: `benchmarks/results/gpipe_gantt_M4.png`, `benchmarks/results/gpipe_1f1b_gantt_M8.png`."]
+              "Bubble (measured costs): the schedule simulated with each stage's profiled micro-step cost. Bubble "
+              "(executed step): 1 - busy / (K x span) of one real step traced with the TF profiler, where busy is "
+              "the time a stage had any op running (median over the repeats); every traced step ran each stage's "
+              f"micro-steps in schedule order: {in_order}.",
+              "Gantt charts: simulated `benchmarks/results/gpipe_gantt_M4.png`, `gpipe_1f1b_gantt_M8.png`; "
+              "executed `gpipe_executed_M4.png`, `gpipe_1f1b_executed_M8.png`."]
     write_results("gpipe", {"machine": machine(), "device_kind": device_kind, "stages": k, "raw_rates": rates,
                             "median_rates": med, "bubbles": bubbles, "stage_costs_ms": costs_ms,
+                            "executed_bubbles": executed, "executed_in_schedule_order": in_order,
                             "peak_rss_mib": memory}, "\n".join(lines) + "\n")
 
 
