@@ -132,7 +132,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
     shutil.rmtree(working_dir, ignore_errors=True)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
-            "launch": launch.to_dict() if hasattr(launch, "to_dict") else launch, "input_stall": input_stall,
+            "launch": launch, "input_stall": input_stall,
             "skipped_shards": sorted(skipped_shards),
             "distillation": distillation.to_dict() if distillation else None}
 
@@ -182,11 +182,11 @@ def _launch_remote(fn_args: FnArgs, params, plan, cluster: remote.RemoteCluster,
     return report
 
 
-def _launch_local(fn_args: FnArgs, params, plan):
+def _launch_local(fn_args: FnArgs, params, plan) -> dict:
     from components.trainer.launchers.local import LocalLauncher
 
     job_path = _write_job(fn_args, params, plan)
     launcher = LocalLauncher(params["num_workers"], params["num_ps"], params["max_restarts"])
     report = launcher.run(job_path, os.path.join(fn_args.working_dir, "progress"))
     log.info("launch report: %s", report.to_dict())
-    return report
+    return report.to_dict()
