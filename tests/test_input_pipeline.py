@@ -126,6 +126,19 @@ def test_tuned_yields_the_naive_elements_in_order(tuned, shards, kwargs):
     np.testing.assert_array_equal(_ids(autotune_spec(tuned, keep_order=True), shards, **kwargs), expected)
 
 
+def test_each_epoch_is_a_fresh_full_permutation_when_the_window_covers_the_data(tuned, shards):
+    spec = dataclasses.replace(tuned, shuffle_buffer=4 * 900)  # windows larger than the 900 records
+    epochs = _ids(spec, shards, shuffle=True, seed=3, num_epochs=3).reshape(3, 900)
+    every_id = sorted(_ids(spec, shards, shuffle=False).tolist())
+    for epoch in epochs:  # no window reaches into the next epoch
+        assert sorted(epoch.tolist()) == every_id
+    assert (epochs[0] != epochs[1]).mean() > 0.9 and (epochs[1] != epochs[2]).mean() > 0.9
+    assert (epochs[0] != np.array(every_id)).mean() > 0.9
+    np.testing.assert_array_equal(_ids(spec, shards, shuffle=True, seed=3, num_epochs=3).reshape(3, 900), epochs)
+    np.testing.assert_array_equal(_ids(naive_spec(spec), shards, shuffle=True, seed=3, num_epochs=3).reshape(3, 900),
+                                  epochs)
+
+
 def test_nondeterministic_tuned_yields_the_same_multiset(tuned, shards):
     spec = dataclasses.replace(tuned, deterministic=False)
     got = _ids(spec, shards, shuffle=True, seed=1, num_epochs=2)

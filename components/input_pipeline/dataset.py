@@ -89,12 +89,12 @@ def dataset_options(spec: InputPipelineSpec, deterministic: bool):
     return options
 
 
-def _permute(window, seed: int, index):
-    """The window's rows in a random order drawn from (seed, window index): reproducible."""
+def _permute(window, key):
+    """The window's rows in the random order that `key` (two int64s) draws: reproducible, O(rows)."""
     import tensorflow as tf
 
     rows = _rows(window) if isinstance(window, dict) else tf.shape(window)[0]
-    order = tf.argsort(tf.random.stateless_uniform([rows], seed=tf.stack([tf.constant(seed, tf.int64), index])))
+    order = tf.random.experimental.stateless_shuffle(tf.range(rows, dtype=tf.int64), seed=key)
 
     def take(value):
         if isinstance(value, tf.SparseTensor):
@@ -112,21 +112,23 @@ def _rows(structure):
 
 
 def _shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epochs, seed):
-    """Chunks in a shuffled order, then each window of chunks permuted as a whole.
+    """Each epoch: chunks in a shuffled order, joined into windows, each window permuted as a whole.
 
     Everything here works on chunks and windows, never on single records, so its cost does not
-    grow with the record count. A window holds `shuffle_buffer` records: when that covers the
-    data, each epoch is a full random permutation.
+    grow with the record count. A window holds `shuffle_buffer` records and never spans two
+    epochs: when it covers the data, each epoch is a full random permutation of it, drawn anew
+    each epoch from `seed`.
     """
-    window_chunks = max(1, spec.shuffle_buffer // spec.parse_batch_size)
+    import tensorflow as tf
+
     if shuffle:
+        window_chunks = max(1, spec.shuffle_buffer // spec.parse_batch_size)
         chunks = chunks.shuffle(window_chunks, seed=seed, reshuffle_each_iteration=True)
-    if num_epochs != 1:
-        chunks = chunks.repeat(num_epochs)
-    if shuffle:
-        chunks = chunks.rebatch(window_chunks * spec.parse_batch_size).enumerate().map(
-            lambda index, window: _permute(window, seed, index))
-    return chunks
+        windows = chunks.rebatch(window_chunks * spec.parse_batch_size).enumerate()
+        epoch_keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        chunks = tf.data.Dataset.zip(windows, epoch_keys).map(
+            lambda indexed, epoch_key: _permute(indexed[1], tf.stack([epoch_key, indexed[0]])))
+    return chunks.repeat(num_epochs) if num_epochs != 1 else chunks
 
 
 def assemble(
