@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from components.errors import SpecError
 from components.trainer import TRAINER
-from components.trainer.callbacks import read_metrics, read_progress
+from components.trainer.callbacks import read_progress
 from components.trainer.launchers.local import LaunchError
 
 TOY = os.path.join(os.path.dirname(__file__), "assets", "toy_run_fn.py")

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from components.errors import SpecError
 from components.trainer.gpipe import partition, schedule
 from components.trainer.gpipe.pipeline_model import PipelineModel
 
@@ -72,16 +73,24 @@ def _layers():
     return [tf_keras.layers.Dense(12, activation="tanh") for _ in range(4)] + [tf_keras.layers.Dense(3)]
 
 
+def _regularised_layers():
+    """Penalties on every stage: L2 on kernels, L1 on the first and last biases."""
+    l2, l1 = tf_keras.regularizers.L2(0.05), tf_keras.regularizers.L1(0.02)
+    return ([tf_keras.layers.Dense(12, activation="tanh", kernel_regularizer=l2, bias_regularizer=l1)]
+            + [tf_keras.layers.Dense(12, activation="tanh", kernel_regularizer=l2) for _ in range(3)]
+            + [tf_keras.layers.Dense(3, kernel_regularizer=l2, bias_regularizer=l1)])
+
+
 def _data(n=32, seed=0):
     rng = np.random.default_rng(seed)
     return rng.normal(size=(n, 6)).astype("float32"), rng.integers(0, 3, size=(n,))
 
 
-def _pair(k, m, remat="never", swap=False, schedule_name="gpipe", balance=None):
+def _pair(k, m, remat="never", swap=False, schedule_name="gpipe", balance=None, layers=_layers):
     tf_keras.utils.set_random_seed(1)
-    plain = tf_keras.Sequential(_layers())
+    plain = tf_keras.Sequential(layers())
     plain.build((None, 6))
-    pipe = PipelineModel(_layers(), num_stages=k, num_micro_batches=m, balance=balance or BALANCES[k],
+    pipe = PipelineModel(layers(), num_stages=k, num_micro_batches=m, balance=balance or BALANCES[k],
                          remat=remat, swap=swap, schedule_name=schedule_name)
     pipe(tf.zeros([1, 6]))
     pipe.set_weights(plain.get_weights())
@@ -118,6 +127,46 @@ def test_1f1b_matches_the_plain_model():
     pipe.train_on_batch(x, y)
     for wp, wq in zip(plain.get_weights(), pipe.get_weights()):
         np.testing.assert_allclose(wq, wp, rtol=1e-5, atol=4e-5)
+
+
+@pytest.mark.parametrize("k, m, remat, schedule_name", [
+    (2, 4, "never", "gpipe"), (4, 4, "except_last", "gpipe"), (2, 1, "always", "gpipe"), (4, 8, "always", "1f1b")])
+def test_weight_regularisers_count_once_on_every_stage(k, m, remat, schedule_name):
+    plain, pipe = _pair(k, m, remat, schedule_name=schedule_name, layers=_regularised_layers)
+    x, y = _data()
+    before = plain.get_weights()
+    plain_loss = plain.train_on_batch(x, y, return_dict=True)["loss"]
+    pipe_loss = pipe.train_on_batch(x, y, return_dict=True)["loss"]
+    assert pipe_loss == pytest.approx(plain_loss, rel=1e-5)  # the reported loss includes every penalty once
+    for w0, wp, wq in zip(before, plain.get_weights(), pipe.get_weights()):
+        np.testing.assert_allclose((w0 - wq) / LR, (w0 - wp) / LR, rtol=1e-5, atol=4e-5)
+    unregularised = tf_keras.Sequential(_layers())
+    unregularised.build((None, 6))
+    unregularised.set_weights(before)
+    unregularised.compile(tf_keras.optimizers.SGD(LR), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    unregularised.train_on_batch(x, y)
+    assert np.abs(unregularised.get_weights()[0] - plain.get_weights()[0]).max() > 1e-3  # the penalty matters
+
+
+class _ActivityPenalty(tf_keras.layers.Layer):
+    def call(self, x):
+        self.add_loss(tf.reduce_mean(tf.square(x)))
+        return x
+
+
+@pytest.mark.parametrize("extra, name", [
+    (lambda: tf_keras.layers.Dense(12, activity_regularizer=tf_keras.regularizers.L2(0.1), name="noisy"), "noisy"),
+    (lambda: _ActivityPenalty(name="adds_loss"), "adds_loss")])
+def test_losses_added_in_call_are_refused(extra, name):
+    layers = _layers()
+    pipe = PipelineModel(layers[:2] + [extra()] + layers[2:], num_stages=2, num_micro_batches=2, balance=[4, 2])
+    pipe(tf.zeros([1, 6]))
+    pipe.compile(tf_keras.optimizers.SGD(LR), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = _data()
+    before = pipe.get_weights()
+    with pytest.raises(SpecError, match=f"layer '{name}' in pipeline stage 0 adds a loss in call"):
+        pipe.train_on_batch(x, y)
+    assert all(np.array_equal(a, b) for a, b in zip(before, pipe.get_weights()))
 
 
 def test_stage_variables_live_on_their_devices():
@@ -252,6 +301,19 @@ def _ordered_after(graph, ancestors, earlier: str, later: str) -> bool:
     first = _ops_of(ops, earlier)
     assert first and _ops_of(ops, later), (earlier, later)
     return any(first & ancestors[o] for o in _ops_of(ops, later))
+
+
+@pytest.mark.parametrize("remat", ["always", "except_last", "never"])
+def test_remat_recomputes_the_forward_inside_the_backward_micro_step(remat):
+    k, m = 2, 4
+    _, pipe = _pair(k, m, remat)
+    graph = _step_graph(pipe)
+    recomputed = {(s, i) for s in range(k) for i in range(m)
+                  if any(op.type == "MatMul" and op.name.startswith(f"stage{s}_B{i}/") for op in graph.get_operations())}
+    expected = {"always": range(m), "except_last": range(m - 1), "never": range(0)}[remat]
+    assert recomputed == {(s, i) for s in range(k) for i in expected}
+    assert all(any(op.type == "MatMul" and op.name.startswith(f"stage{s}_F{i}/") for op in graph.get_operations())
+               for s in range(k) for i in range(m))  # every micro-batch also ran its forward in F
 
 
 @pytest.mark.parametrize("schedule_name, remat", [("gpipe", "never"), ("1f1b", "never"), ("1f1b", "always")])

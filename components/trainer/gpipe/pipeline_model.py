@@ -7,11 +7,15 @@ even where the dataflow alone would allow another order. Weight gradients are su
 micro-batches (weighted by micro-batch size) and applied in a single optimizer update, so a
 step equals the plain model's full-batch step.
 
-remat: `always` recomputes every micro-batch's stage forward just before its backward (only
-the stage input is kept), `except_last` all but the last micro-batch, `never` keeps the tape.
-swap: the kept stage inputs wait in host memory between forward and backward.
+remat: a rematerialised micro-batch runs its stage forward through `tf.recompute_grad`, which
+keeps only the stage input and recomputes the forward inside the gradient, that is inside
+B(s, m), where the schedule placed it. `always` does this for every micro-batch, `except_last`
+for all but the last, `never` keeps every activation on the tape.
+swap: the stage inputs kept for the backward wait in host memory between forward and backward.
 BatchNorm: each micro-batch is normalised with its own statistics (as in GPipe); recomputation
 restores a stage's non-trainable state, so moving averages move once per micro-batch.
+Weight regularisers (kernel_regularizer and the like) count once per step, each stage's on its
+own device; losses added in `call` (activity regularisers, add_loss) are refused.
 """
 from __future__ import annotations
 
@@ -38,6 +42,30 @@ def default_devices(num_stages: int) -> list[str]:
 def micro_step_scope(stage: int, kind: str, micro: int) -> str:
     """The graph name scope of one micro-step, e.g. stage1_B3: lets tests read the order off the graph."""
     return f"stage{stage}_{kind}{micro}"
+
+
+def _sublayers(layers):
+    return [sub for layer in layers for sub in layer._flatten_layers()]  # tf_keras's own walk, self included
+
+
+def weight_penalties(layers) -> list:
+    """The weight-regularisation terms of `layers`, computed now so that a tape records them.
+
+    tf_keras keeps each regulariser as a callable on its (sub)layer and evaluates it whenever
+    `losses` is read; here they are read per stage, so each stage differentiates its own.
+    """
+    return [term for sub in _sublayers(layers) for term in (fn() for fn in sub._callable_losses) if term is not None]
+
+
+def refuse_call_losses(layers, stage: int):
+    """Losses a layer adds in `call` depend on one micro-batch's activations and would need their own
+    backward path through earlier stages; PipelineModel does not build one, so it says so."""
+    for sub in _sublayers(layers):
+        if sub.activity_regularizer is not None or sub._losses or sub._eager_losses:
+            raise SpecError(f"layer {sub.name!r} in pipeline stage {stage} adds a loss in call "
+                            "(an activity regulariser or add_loss), which PipelineModel does not support",
+                            hint="use weight regularisers (kernel_regularizer, ...), or train this model "
+                                 "with a data-parallel strategy")
 
 
 class PipelineModel(tf_keras.Model):
@@ -102,26 +130,55 @@ class PipelineModel(tf_keras.Model):
         attr = "trainable_variables" if trainable else "non_trainable_variables"
         return [v for index in self.stages[s] for v in getattr(self.pipeline_layers[index], attr)]
 
+    def stage_layers(self, s):
+        return [self.pipeline_layers[index] for index in self.stages[s]]
+
     # -- training -------------------------------------------------------------------------------
+    def make_train_function(self, force=False):
+        """Refuses, before anything is traced, what train_step cannot train (errors raised while
+        tracing reach the caller wrapped by autograph)."""
+        self._require_built()
+        for s in range(self.num_stages):
+            refuse_call_losses(self.stage_layers(s), s)
+        return super().make_train_function(force)
+
+    def _require_built(self):
+        if self.stages is None:
+            raise SpecError("PipelineModel must be built before training: call it once on a sample batch, "
+                            "so each stage's variables are created on its device")
+
     def _remat(self, m):
         return self.remat == "always" or (self.remat == "except_last" and m < self.num_micro_batches - 1)
 
-    def _taped_forward(self, s, x_in, y, sample_weight, share):
-        """Stage s's forward under a tape; the last stage also computes its share of the loss."""
+    def _recomputed_forward(self, s, x_in):
+        """Stage s's forward through tf.recompute_grad: the tape keeps the input (in host memory
+        with swap) and the forward runs again when the tape differentiates it."""
+        structure = x_in
+
+        def forward(*flat):
+            with tf.device(self.devices[s]):
+                x = tf.nest.map_structure(tf.identity, tf.nest.pack_sequence_as(structure, list(flat)))
+                return self._stage_forward(s, x, True)
+
+        if self.swap:
+            with tf.device("/cpu:0"):
+                x_in = tf.nest.map_structure(tf.identity, x_in)
+        return tf.recompute_grad(forward)(*tf.nest.flatten(x_in))
+
+    def _taped_forward(self, s, m, x_in, y, sample_weight, share):
+        """Stage s's forward of micro-batch m under a tape; the last stage also computes its share of the loss."""
         tape = tf.GradientTape()
         with tape:
             if s > 0:
                 tape.watch(x_in)
-            y_out = self._stage_forward(s, x_in, True)
+            y_out = self._recomputed_forward(s, x_in) if self._remat(m) else self._stage_forward(s, x_in, True)
             loss = None
             if s == self.num_stages - 1:
                 loss = share * self.compute_loss(None, y, y_out, sample_weight)
         return tape, y_out, loss
 
     def train_step(self, data):
-        if self.stages is None:
-            raise SpecError("PipelineModel must be built before training: call it once on a sample batch, "
-                            "so each stage's variables are created on its device")
+        self._require_built()
         x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
         k, num_micro = self.num_stages, self.num_micro_batches
         batch = tf.shape(tf.nest.flatten(x)[0])[0]
@@ -136,59 +193,52 @@ class PipelineModel(tf_keras.Model):
         clock = sorted(schedule.simulate(self.order).events, key=lambda e: (e[3], e[0]))
         variables = [self.stage_variables(s) for s in range(k)]
         summed = [[tf.zeros_like(v) for v in variables[s]] for s in range(k)]
-        kept, tapes, outputs, input_grads, last = {}, {}, {}, {}, [None] * k
+        tapes, outputs, input_grads, last = {}, {}, {}, [None] * k
         self.trace_counts.clear()
 
         for s, kind, m, _, _ in clock:
             deps = [t for t in tf.nest.flatten(last[s]) if t is not None] if last[s] is not None else []
             with tf.control_dependencies(deps), tf.device(self.devices[s]), tf.name_scope(micro_step_scope(s, kind, m)):
                 if kind == "F":
+                    if m == 0:
+                        refuse_call_losses(self.stage_layers(s), s)
                     self.trace_counts[("F", s)] += 1
                     x_in = piece(x, m) if s == 0 else tf.identity(outputs[(s - 1, m)])
-                    if self._remat(m):
-                        y_out = self._stage_forward(s, x_in, True)
-                        stored = x_in
-                        if self.swap:
-                            with tf.device("/cpu:0"):
-                                stored = tf.nest.map_structure(tf.identity, x_in)
-                        kept[(s, m)] = stored
-                        if s == k - 1:
-                            self.compiled_metrics.update_state(piece(y, m), y_out, piece(sample_weight, m))
-                    else:
-                        tape, y_out, loss = self._taped_forward(s, x_in, piece(y, m), piece(sample_weight, m),
-                                                                shares[m])
-                        tapes[(s, m)] = (tape, x_in, y_out, loss)
-                        if s == k - 1:
-                            self.compiled_metrics.update_state(piece(y, m), y_out, piece(sample_weight, m))
+                    tape, y_out, loss = self._taped_forward(s, m, x_in, piece(y, m), piece(sample_weight, m), shares[m])
+                    tapes[(s, m)] = (tape, x_in, y_out, loss)
+                    if s == k - 1:
+                        self.compiled_metrics.update_state(piece(y, m), y_out, piece(sample_weight, m))
                     outputs[(s, m)] = y_out
                     last[s] = y_out
                 else:
                     self.trace_counts[("B", s)] += 1
-                    if (s, m) in kept:
+                    tape, x_in, y_out, loss = tapes.pop((s, m))
+                    state = []
+                    if self._remat(m):  # the gradient below recomputes the forward, BatchNorm updates included
                         self.trace_counts[("R", s)] += 1
-                        x_in = kept.pop((s, m))
-                        if self.swap:
-                            x_in = tf.nest.map_structure(tf.identity, x_in)  # back onto this stage's device
-                        state = [v.read_value() for v in self.stage_variables(s, trainable=False)]
-                        tape, y_out, loss = self._taped_forward(s, x_in, piece(y, m), piece(sample_weight, m),
-                                                                shares[m])
-                        with tf.control_dependencies([y_out]):  # recomputation must not move BN statistics
-                            restores = [v.assign(value) for v, value in
-                                        zip(self.stage_variables(s, trainable=False), state)]
-                    else:
-                        tape, x_in, y_out, loss = tapes.pop((s, m))
-                        restores = []
+                        state = [(v, v.read_value()) for v in self.stage_variables(s, trainable=False)]
                     sources = list(variables[s]) + ([x_in] if s > 0 else [])
                     if s == k - 1:
                         grads = tape.gradient(loss, sources)
                     else:
                         grads = tape.gradient(y_out, sources, output_gradients=input_grads.pop((s + 1, m)))
+                    with tf.control_dependencies([g for g in grads if g is not None]):
+                        restores = [v.assign(value) for v, value in state]  # statistics move once per micro-batch
                     weight_grads = grads[:len(variables[s])]
                     if s > 0:
                         input_grads[(s, m)] = grads[-1]
                     summed[s] = [acc if g is None else acc + tf.convert_to_tensor(g)
                                  for acc, g in zip(summed[s], weight_grads)]
                     last[s] = [g for g in grads if g is not None] + restores
+        for s in range(k - 1):
+            # The loss (built on the last stage) carries every penalty for the loss metric, but
+            # differentiates only the last stage's; each other stage adds its own gradient here.
+            with tf.device(self.devices[s]), tf.name_scope(f"stage{s}_penalty"), tf.GradientTape() as tape:
+                penalties = weight_penalties(self.stage_layers(s))
+                total = tf.add_n(penalties) if penalties else None
+            if total is not None:
+                grads = tape.gradient(total, variables[s])
+                summed[s] = [acc if g is None else acc + tf.convert_to_tensor(g) for acc, g in zip(summed[s], grads)]
         flat_vars = [v for vs in variables for v in vs]
         flat_grads = [g for gs in summed for g in gs]
         self.optimizer.apply_gradients(zip(flat_grads, flat_vars))
