@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks._common import RESULTS, machine, median, write_results  # noqa: E402
+from benchmarks._common import RESULTS, machine, median, peak_rss_mib, write_results  # noqa: E402
 
 WIDTH, DEPTH, BATCH = 512, 8, 1024
 MEMORY_BATCH = 65536  # activations (128 MiB per layer) dominate the TF runtime's own peak
@@ -98,8 +98,6 @@ def _executed_bubbles(k: int, repeats: int) -> tuple[dict[int, float], bool]:
 def _memory_child(args) -> None:
     """Runs in a subprocess: peak memory of training steps for one remat/swap mode
     (the GPU allocator's peak when there are GPUs, else the process's peak RSS)."""
-    import resource
-
     import tensorflow as tf
 
     kind = _setup_devices(args.stages)
@@ -109,7 +107,7 @@ def _memory_child(args) -> None:
         peak = max(tf.config.experimental.get_memory_info(d.name.replace("/physical_device:", ""))["peak"]
                    for d in tf.config.list_physical_devices("GPU")[: args.stages]) / 2**20
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak = peak_rss_mib()
     print(json.dumps({"peak_rss_mib": peak}))
 
 
