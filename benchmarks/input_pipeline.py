@@ -221,7 +221,7 @@ def child_b3(spec_path: str, folder: str, variant: str, examples: int) -> dict:
     model.fit(dataset, steps_per_epoch=5, epochs=1, verbose=0)  # build and trace
     epoch = -(-examples // B2_BATCH)
     cold = measure_input_stall(model, dataset, steps=epoch, repeats=1)  # the first epoch, reading the files
-    warm = measure_input_stall(model, dataset, steps=epoch, repeats=3, warmup=epoch)  # the epoch after it
+    warm = measure_input_stall(model, dataset, steps=epoch, repeats=5, warmup=epoch)  # the epoch after it
     return {"stall_fraction": warm["stall_fraction"], "cold_stall_fraction": cold["stall_fraction"],
             "real_step_s": warm["real_step_s"], "in_memory_step_s": warm["in_memory_step_s"],
             "cold_real_step_s": cold["real_step_s"], "peak_rss_mib": peak_rss_mib()}
