@@ -79,6 +79,10 @@ TUNER_RULES = [
     ("a shuffle buffer holds all the data when memory allows", {}, {"shuffle_buffer": 1_000_000}),
     ("a shuffle buffer is cut to memory otherwise", {"ram_available_bytes": 128 * 2**20},
      {"shuffle_buffer": 128 * 2**20 // 2 // 4 // 64}),
+    ("the first epoch streams in eighths of the data", {},
+     {"first_epoch_window": 123 * 1024, "shuffle_buffer": 1_000_000}),
+    ("data parsed within the latency target is permuted whole from the first epoch", {"est_records": 40_000},
+     {"first_epoch_window": 40_000, "shuffle_buffer": 40_000}),
     ("a bursty producer gets a deeper prefetch", {"batch_time_p95_s": 6e-3}, {"prefetch": 7}),
     ("budgets follow the machine", {"cores": 8, "ram_available_bytes": 8 * GIB},
      {"cpu_budget": 8, "ram_budget_bytes": 4 * GIB}),
@@ -90,7 +94,8 @@ def test_tuner_rules(case, overrides, expected):
     spec = tune(_measurements(**overrides), schema_fingerprint="f", batch_size=32)
     assert {k: getattr(spec, k) for k in expected} == expected, case
     decided = {d["what"] for d in spec.decisions}
-    assert {"cycle_length", "vectorized_parse", "map_parallelism", "cache", "shuffle_buffer", "prefetch",
+    assert {"cycle_length", "vectorized_parse", "map_parallelism", "cache", "shuffle_buffer", "first_epoch_window",
+            "prefetch",
             "private_threadpool_size", "static_optimizations"} <= decided
     assert all(d["why"] for d in spec.decisions)
     assert spec.measurements["cores"] == _measurements(**overrides).cores
@@ -137,6 +142,43 @@ def test_each_epoch_is_a_fresh_full_permutation_when_the_window_covers_the_data(
     np.testing.assert_array_equal(_ids(spec, shards, shuffle=True, seed=3, num_epochs=3).reshape(3, 900), epochs)
     np.testing.assert_array_equal(_ids(naive_spec(spec), shards, shuffle=True, seed=3, num_epochs=3).reshape(3, 900),
                                   epochs)
+
+
+def test_the_first_epoch_streams_in_small_windows_and_later_epochs_permute_everything(tuned, shards):
+    window = 2 * tuned.parse_batch_size
+    spec = dataclasses.replace(tuned, shuffle_buffer=4 * 900, first_epoch_window=window)
+    epochs = _ids(spec, shards, shuffle=True, seed=5, num_epochs=3).reshape(3, 900)
+    read_order = {record: position for position, record in enumerate(_ids(spec, shards, shuffle=False).tolist())}
+    for epoch in epochs:
+        assert sorted(epoch.tolist()) == sorted(read_order)
+    assert (epochs[1] != epochs[2]).mean() > 0.9
+    # The first window of the first epoch comes from the first chunks read, so it can be
+    # yielded before the rest is parsed; the second epoch's first window spans all the data.
+    first_window_positions = [read_order[r] for r in epochs[0][:window].tolist()]
+    later_window_positions = [read_order[r] for r in epochs[1][:window].tolist()]
+    assert max(first_window_positions) < 2 * window
+    assert max(later_window_positions) > 700
+    np.testing.assert_array_equal(_ids(naive_spec(spec), shards, shuffle=True, seed=5, num_epochs=3).reshape(3, 900),
+                                  epochs)
+
+
+def test_a_streamed_first_epoch_fills_the_cache_that_later_epochs_read(tuned, shards):
+    parsed = []
+
+    def counting_transform(features):
+        def count(ids):
+            parsed.extend(ids.numpy().tolist())
+            return ids
+        features = dict(features)
+        features["id"] = tf.ensure_shape(tf.py_function(count, [features["id"]], tf.int64), features["id"].shape)
+        return features
+
+    spec = dataclasses.replace(tuned, cache="memory", shuffle_buffer=4 * 900, first_epoch_window=tuned.parse_batch_size)
+    dataset = build_dataset(spec, [os.path.join(shards, "*.gz")], SCHEMA, shuffle=True, seed=2, num_epochs=3,
+                            transform=counting_transform)
+    ids = np.concatenate([batch["id"].numpy() for batch in dataset])
+    assert len(ids) == 3 * 900 and sorted(set(ids.tolist())) == sorted(parsed)
+    assert len(parsed) == 900, "every record is parsed once; epochs 2 and 3 read the cache"
 
 
 def test_nondeterministic_tuned_yields_the_same_multiset(tuned, shards):

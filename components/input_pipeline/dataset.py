@@ -111,24 +111,42 @@ def _rows(structure):
     return first.dense_shape[0] if isinstance(first, tf.SparseTensor) else tf.shape(first)[0]
 
 
+def _permuted_windows(chunks, spec: InputPipelineSpec, window_records: int, seed: int):
+    """One pass over `chunks`: chunks shuffled, joined into windows, each window permuted whole.
+
+    Iterated again (by `repeat`), it draws a new chunk order and new window keys.
+    """
+    import tensorflow as tf
+
+    window_chunks = max(1, window_records // spec.parse_batch_size)
+    chunks = chunks.shuffle(window_chunks, seed=seed, reshuffle_each_iteration=True)
+    windows = chunks.rebatch(window_chunks * spec.parse_batch_size).enumerate()
+    epoch_keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+    return tf.data.Dataset.zip(windows, epoch_keys).map(
+        lambda indexed, epoch_key: _permute(indexed[1], tf.stack([epoch_key, indexed[0]])))
+
+
 def _shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epochs, seed):
     """Each epoch: chunks in a shuffled order, joined into windows, each window permuted as a whole.
 
     Everything here works on chunks and windows, never on single records, so its cost does not
-    grow with the record count. A window holds `shuffle_buffer` records and never spans two
-    epochs: when it covers the data, each epoch is a full random permutation of it, drawn anew
-    each epoch from `seed`.
+    grow with the record count. A window never spans two epochs. From the second epoch on it
+    holds `shuffle_buffer` records: when that covers the data, each epoch is a full random
+    permutation, drawn anew each epoch from `seed`. The first epoch, which reads the shards (and
+    fills the cache), uses windows of `first_epoch_window` records, so that batches flow while
+    the rest is still being parsed instead of after the last shard.
     """
-    import tensorflow as tf
-
-    if shuffle:
-        window_chunks = max(1, spec.shuffle_buffer // spec.parse_batch_size)
-        chunks = chunks.shuffle(window_chunks, seed=seed, reshuffle_each_iteration=True)
-        windows = chunks.rebatch(window_chunks * spec.parse_batch_size).enumerate()
-        epoch_keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-        chunks = tf.data.Dataset.zip(windows, epoch_keys).map(
-            lambda indexed, epoch_key: _permute(indexed[1], tf.stack([epoch_key, indexed[0]])))
-    return chunks.repeat(num_epochs) if num_epochs != 1 else chunks
+    if not shuffle:
+        return chunks.repeat(num_epochs) if num_epochs != 1 else chunks
+    first_window = spec.first_epoch_window or spec.shuffle_buffer
+    if first_window == spec.shuffle_buffer:  # one kind of window: the plain repeated pass
+        windows = _permuted_windows(chunks, spec, spec.shuffle_buffer, seed)
+        return windows.repeat(num_epochs) if num_epochs != 1 else windows
+    first = _permuted_windows(chunks, spec, first_window, seed)
+    if num_epochs == 1:
+        return first
+    later = _permuted_windows(chunks, spec, spec.shuffle_buffer, seed + 1)
+    return first.concatenate(later.repeat(None if num_epochs is None else num_epochs - 1))
 
 
 def assemble(

@@ -20,6 +20,7 @@ STATIC_OPTIMIZATIONS = {
 }
 MIB = 1024 * 1024
 FIRST_BATCH_LATENCY_S = 0.05  # a parse batch ahead of the cache should not delay the first batch more
+FIRST_EPOCH_WINDOWS = 8  # the first epoch, reading the shards, is permuted in this many windows
 
 
 def _wait_ratio(wall: float, cpu: float) -> float:
@@ -93,6 +94,20 @@ def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compressi
         f"of the RAM budget ({shuffle_budget / MIB:.0f} MiB) holds {by_memory}; the data has ~{m.est_records}, so "
         f"{'each epoch is a full permutation' if by_memory >= m.est_records else 'the window is memory-bound'}"))
 
+    parse_all_s = m.est_records * m.map_wall_s_per_record / cores
+    if parse_all_s <= FIRST_BATCH_LATENCY_S or shuffle_buffer <= parse_batch_size:
+        first_window = shuffle_buffer
+        why = (f"parsing all ~{m.est_records} records takes ~{parse_all_s * 1e3:.0f} ms on {cores} core(s), so the "
+               f"first epoch can wait for a whole window")
+    else:
+        eighth = -(-m.est_records // (FIRST_EPOCH_WINDOWS * parse_batch_size)) * parse_batch_size
+        first_window = min(shuffle_buffer, max(parse_batch_size, eighth))
+        why = (f"the first epoch reads the shards as it goes; a window of {shuffle_buffer} records would hold back "
+               f"the first batch until ~{parse_all_s:.2f} s of parsing is done and leave nothing to overlap it "
+               f"with, so its windows are 1/{FIRST_EPOCH_WINDOWS} of the data (whole chunks), and later epochs, "
+               f"read from the cache, use the full window")
+    first_epoch_window = decide("first_epoch_window", first_window, why)
+
     jitter = m.batch_time_p95_s / m.batch_time_p50_s if m.batch_time_p50_s > 0 else 1.0
     prefetch = decide("prefetch", max(2, min(MAX_PREFETCH, math.ceil(jitter) + 1)), (
         f"producing a batch took {m.batch_time_p50_s * 1e3:.2f} ms at the median and {m.batch_time_p95_s * 1e3:.2f} ms "
@@ -111,7 +126,8 @@ def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compressi
         schema_fingerprint=schema_fingerprint, batch_size=batch_size, compression=compression,
         cycle_length=cycle_length, read_parallelism=read_parallelism, deterministic=deterministic,
         vectorized_parse=True, parse_batch_size=parse_batch_size, map_parallelism=map_parallelism, cache=cache,
-        shuffle_buffer=shuffle_buffer, prefetch=prefetch, ram_budget_bytes=ram_budget, cpu_budget=cores,
+        shuffle_buffer=shuffle_buffer, first_epoch_window=first_epoch_window, prefetch=prefetch,
+        ram_budget_bytes=ram_budget, cpu_budget=cores,
         private_threadpool_size=threads, static_optimizations=dict(STATIC_OPTIMIZATIONS), autotune=False,
         on_corrupt_shard=on_corrupt_shard, measurements=m.to_dict(), decisions=decisions,
     )
