@@ -45,6 +45,8 @@ class ComponentSpec:
     optional_inputs: frozenset[str] = field(default_factory=frozenset)
     # Inputs that take a list of artifacts (e.g. several teacher Models) instead of one.
     list_inputs: frozenset[str] = field(default_factory=frozenset)
+    # Checks across parameters, run on the resolved values: each returns a problem or None.
+    checks: tuple[Callable[[Mapping[str, Any]], str | None], ...] = ()
 
     def resolve_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Fill defaults and check every parameter; unknown names are refused."""
@@ -76,6 +78,10 @@ class ComponentSpec:
                 if problem:
                     raise SpecError(f"{self.name}: parameter {name!r}: {problem}")
             resolved[name] = value
+        for check in self.checks:
+            problem = check(resolved)
+            if problem:
+                raise SpecError(f"{self.name}: {problem}")
         return resolved
 
     def run(

@@ -79,6 +79,7 @@ def test_a_failed_tfjob_fails_the_trainer_with_the_replicas_error(penguin_output
     ({"launcher": "vertex", "cluster": {"image": IMAGE}}, "needs cluster.project and cluster.staging_bucket"),
     ({"strategy": "mirrored"}, "a remote launcher runs multi_worker_mirrored or parameter_server, not mirrored"),
     ({"strategy": "parameter_server"}, "needs a cluster with ps tasks"),
+    ({"launcher": "local"}, "parameter 'cluster' is set but launcher is 'local'"),
 ])
 def test_remote_settings_are_checked_before_anything_is_submitted(penguin_outputs, operator, tmp_path, extra,
                                                                   message):

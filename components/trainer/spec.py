@@ -12,6 +12,14 @@ def _save_freq(value):
         return None
     return "must be 'epoch' or a positive number of steps"
 
+
+def _cluster_needs_a_remote_launcher(params):
+    if params["cluster"] and params["launcher"] == "local":
+        return ("parameter 'cluster' is set but launcher is 'local', which starts its workers on this machine and "
+                "would ignore it; set launcher to 'kubernetes' or 'vertex', or leave cluster out")
+    return None
+
+
 TRAINER = ComponentSpec(
     name="Trainer",
     inputs={
@@ -56,4 +64,5 @@ TRAINER = ComponentSpec(
                                   help="auto: the SoftTargets cache when the examples carry one, else the teachers"),
     },
     executor=executor.run,
+    checks=(_cluster_needs_a_remote_launcher,),
 )
