@@ -294,10 +294,15 @@ def test_input_stall_separates_a_slow_pipeline_and_leaves_the_model_untouched():
     model = _tiny_model()
     model.fit(fast, steps_per_epoch=5, epochs=1, verbose=0)
     before = [v.numpy().copy() for v in model.variables] + [v.numpy().copy() for v in model.optimizer.variables()]
-    waited = measure_input_stall(model, slow, steps=8)
+    waited = measure_input_stall(model, slow, steps=8, block_steps=5)
     after = [v.numpy() for v in model.variables] + [v.numpy() for v in model.optimizer.variables()]
     assert waited["stall_fraction"] > 0.7, waited  # 20 ms of sleep against a sub-millisecond step
     assert waited["real_step_s"] > 0.015 > waited["in_memory_step_s"]
+    # 3 x 8 steps from each feed, in alternating blocks of 5 (the last one of 4): every pipeline
+    # block waited on its sleeps, no in-memory block did.
+    assert len(waited["real_block_s"]) == len(waited["in_memory_block_s"]) == 5
+    assert min(waited["real_block_s"][:4]) > 4 * 0.02 and min(waited["real_block_s"][4:]) > 3 * 0.02
+    assert max(waited["in_memory_block_s"]) < 0.05
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
 
 

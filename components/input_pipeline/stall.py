@@ -1,22 +1,20 @@
 """Input stall: the share of a training step spent waiting for input.
 
-The same steps are timed twice on a compiled tf_keras model: fed by the real pipeline, then fed
-the same batches from memory. What the in-memory run saves is time the step waited on input.
-The model's weights, optimizer state and metrics are put back afterwards.
+The same steps are timed on a compiled tf_keras model fed by the real pipeline and fed the same
+batches from memory; what the in-memory steps save is time the step waited on input. The two
+feeds alternate in short blocks, because on a shared machine step times drift by tens of percent
+over seconds while adjacent blocks see the same drift. The model's weights, optimizer state and
+metrics are put back afterwards.
 """
 from __future__ import annotations
 
 import time
 
 WARMUP_STEPS = 2
+BLOCK_STEPS = 50
 
 
-def _timed_steps(model, dataset, steps: int, warmup: int) -> float:
-    strategy = model.distribute_strategy
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
-    train_step = model.make_train_function()
-    for _ in range(warmup):
-        train_step(iterator)
+def _timed_block(train_step, iterator, steps: int) -> float:
     start = time.perf_counter()
     for _ in range(steps):
         outputs = train_step(iterator)
@@ -24,27 +22,45 @@ def _timed_steps(model, dataset, steps: int, warmup: int) -> float:
     return time.perf_counter() - start
 
 
-def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmup: int = WARMUP_STEPS) -> dict:
-    """{stall_fraction, real/in-memory seconds per step, steps}; `dataset` yields training batches.
+def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmup: int = WARMUP_STEPS,
+                        block_steps: int = BLOCK_STEPS, memory_source=None) -> dict:
+    """{stall_fraction, real/in-memory seconds per step, each block's seconds}; `dataset` yields training batches.
 
-    The first `warmup` steps of each run are not timed: 2 by default (tracing, first batch); a
-    whole epoch to time only the warm epochs that follow it.
+    `repeats` x `steps` steps are timed from each feed, in alternating blocks of `block_steps`.
+    One iterator reads the pipeline throughout, so its per-epoch work is timed where it falls.
+    Its first `warmup` steps are not timed: 2 by default (tracing, first batch); a whole epoch to
+    time only the warm epochs that follow it. The in-memory feed replays the `steps` batches
+    after the warmup, read from `memory_source` (default: `dataset` itself, whose cache, if any,
+    that read fills; pass a twin built the same way to time a cold first epoch).
+    `block_steps >= repeats x steps` times each feed in one piece.
     """
-    steps = max(1, steps)
-    batches = dataset.take(steps + warmup).cache()
+    steps, block_steps = max(1, steps), max(1, block_steps)
+    batches = (dataset if memory_source is None else memory_source).skip(warmup).take(steps).cache()
     count = int(batches.reduce(0, lambda n, _: n + 1))  # fills the in-memory cache
-    if count < steps + warmup:
-        raise ValueError(f"input stall needs {steps + warmup} batches, the dataset has {count}")
+    if count < steps:
+        raise ValueError(f"input stall needs {steps + warmup} batches, the dataset has {warmup + count}")
     from components.trainer.model_state import restored_afterwards
 
-    real, memory = [], []
+    strategy = model.distribute_strategy
+    train_step = model.make_train_function()
+    blocks = {"real": [], "memory": []}
     with restored_afterwards(model):
-        for _ in range(repeats):
-            real.append(_timed_steps(model, dataset.take(steps + warmup), steps, warmup))
-            memory.append(_timed_steps(model, batches, steps, warmup))
-    real_step, memory_step = sorted(real)[len(real) // 2] / steps, sorted(memory)[len(memory) // 2] / steps
+        feeds = {"real": iter(strategy.experimental_distribute_dataset(dataset)),
+                 "memory": iter(strategy.experimental_distribute_dataset(batches.repeat()))}
+        for name, skip in (("real", warmup), ("memory", WARMUP_STEPS)):
+            for _ in range(skip):
+                train_step(feeds[name])
+        timed = 0
+        while timed < repeats * steps:
+            size = min(block_steps, repeats * steps - timed)
+            order = ("real", "memory") if len(blocks["real"]) % 2 == 0 else ("memory", "real")
+            for name in order:
+                blocks[name].append(_timed_block(train_step, feeds[name], size))
+            timed += size
+    real_step, memory_step = sum(blocks["real"]) / timed, sum(blocks["memory"]) / timed
     return {"stall_fraction": max(0.0, 1.0 - memory_step / real_step), "real_step_s": real_step,
-            "in_memory_step_s": memory_step, "steps": steps, "warmup_steps": warmup, "repeats": repeats}
+            "in_memory_step_s": memory_step, "steps": steps, "warmup_steps": warmup, "repeats": repeats,
+            "block_steps": block_steps, "real_block_s": blocks["real"], "in_memory_block_s": blocks["memory"]}
 
 
 STALL_FILE = "input_stall.json"
