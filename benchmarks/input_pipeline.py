@@ -334,8 +334,9 @@ def table(b1: dict, b2: dict, b3: dict, repeats: int) -> str:
         f"({b2['warm_speedup_over_autotune']:.1f}x). For reference, naive cold / cores = {b2['naive_over_cores_s']:.2f} s.",
         "",
         "**B3, real consumer** (tf_keras MLP 16-256-256-2 trained on the same cores, its input matrix built in the "
-        "transform before the cache; stall = 1 - step time from memory / step time from the pipeline, for the epoch "
-        "after the first (warm) and for the first (cold))",
+        "transform before the cache; stall = 1 - step time from memory / step time from the pipeline: warm = the 5 "
+        "epochs after the first, in 50-step blocks alternating with the same batches from memory; cold = the first "
+        "epoch, timed whole)",
         "",
         "| pipeline | input stall, warm epoch | step ms from pipeline | step ms from memory | input stall, cold epoch "
         "| peak RSS MiB |",
