@@ -56,7 +56,8 @@ class InputPipelineSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or (value < 0 and value != AUTOTUNE):
                 raise SpecError(f"input pipeline spec: {name} must be >= 0 or {AUTOTUNE} (AUTOTUNE), not {value!r}")
-        for name in ("shuffle_buffer", "first_epoch_window", "ram_budget_bytes", "cpu_budget", "private_threadpool_size"):
+        for name in ("shuffle_buffer", "first_epoch_window", "ram_budget_bytes", "cpu_budget",
+                     "private_threadpool_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise SpecError(f"input pipeline spec: {name} must be a non-negative integer")
         if self.cache not in CACHE_MODES:
