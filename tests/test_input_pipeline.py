@@ -95,8 +95,7 @@ def test_tuner_rules(case, overrides, expected):
     assert {k: getattr(spec, k) for k in expected} == expected, case
     decided = {d["what"] for d in spec.decisions}
     assert {"cycle_length", "vectorized_parse", "map_parallelism", "cache", "shuffle_buffer", "first_epoch_window",
-            "prefetch",
-            "private_threadpool_size", "static_optimizations"} <= decided
+            "prefetch", "private_threadpool_size", "static_optimizations"} <= decided
     assert all(d["why"] for d in spec.decisions)
     assert spec.measurements["cores"] == _measurements(**overrides).cores
 
