@@ -151,11 +151,12 @@ def test_the_first_epoch_streams_in_small_windows_and_later_epochs_permute_every
     for epoch in epochs:
         assert sorted(epoch.tolist()) == sorted(read_order)
     assert (epochs[1] != epochs[2]).mean() > 0.9
-    # The first window of the first epoch comes from the first chunks read, so it can be
-    # yielded before the rest is parsed; the second epoch's first window spans all the data.
+    # The first window of the first epoch is exactly the first chunks read, so it is yielded
+    # once they are parsed; the second epoch's first window spans all the data.
     first_window_positions = [read_order[r] for r in epochs[0][:window].tolist()]
     later_window_positions = [read_order[r] for r in epochs[1][:window].tolist()]
-    assert max(first_window_positions) < 2 * window
+    assert sorted(first_window_positions) == list(range(window))
+    assert epochs[0][:window].tolist() != sorted(epochs[0][:window].tolist(), key=read_order.get)
     assert max(later_window_positions) > 700
     np.testing.assert_array_equal(_ids(naive_spec(spec), shards, shuffle=True, seed=5, num_epochs=3).reshape(3, 900),
                                   epochs)

@@ -111,15 +111,18 @@ def _rows(structure):
     return first.dense_shape[0] if isinstance(first, tf.SparseTensor) else tf.shape(first)[0]
 
 
-def _permuted_windows(chunks, spec: InputPipelineSpec, window_records: int, seed: int):
+def _permuted_windows(chunks, spec: InputPipelineSpec, window_records: int, seed: int, shuffle_chunks: bool = True):
     """One pass over `chunks`: chunks shuffled, joined into windows, each window permuted whole.
 
-    Iterated again (by `repeat`), it draws a new chunk order and new window keys.
+    Iterated again (by `repeat`), it draws a new chunk order and new window keys. Without
+    `shuffle_chunks` a window is the next chunks as they arrive: a chunk shuffle holds a window's
+    worth of chunks back, so the first window would wait for two windows to be parsed.
     """
     import tensorflow as tf
 
     window_chunks = max(1, window_records // spec.parse_batch_size)
-    chunks = chunks.shuffle(window_chunks, seed=seed, reshuffle_each_iteration=True)
+    if shuffle_chunks:
+        chunks = chunks.shuffle(window_chunks, seed=seed, reshuffle_each_iteration=True)
     windows = chunks.rebatch(window_chunks * spec.parse_batch_size).enumerate()
     epoch_keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     return tf.data.Dataset.zip(windows, epoch_keys).map(
@@ -133,8 +136,8 @@ def _shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epoc
     grow with the record count. A window never spans two epochs. From the second epoch on it
     holds `shuffle_buffer` records: when that covers the data, each epoch is a full random
     permutation, drawn anew each epoch from `seed`. The first epoch, which reads the shards (and
-    fills the cache), uses windows of `first_epoch_window` records, so that batches flow while
-    the rest is still being parsed instead of after the last shard.
+    fills the cache), uses windows of `first_epoch_window` records, each the next chunks read, so
+    that batches flow while the rest is still being parsed instead of after the last shard.
     """
     if not shuffle:
         return chunks.repeat(num_epochs) if num_epochs != 1 else chunks
@@ -142,7 +145,7 @@ def _shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epoc
     if first_window == spec.shuffle_buffer:  # one kind of window: the plain repeated pass
         windows = _permuted_windows(chunks, spec, spec.shuffle_buffer, seed)
         return windows.repeat(num_epochs) if num_epochs != 1 else windows
-    first = _permuted_windows(chunks, spec, first_window, seed)
+    first = _permuted_windows(chunks, spec, first_window, seed, shuffle_chunks=False)
     if num_epochs == 1:
         return first
     later = _permuted_windows(chunks, spec, spec.shuffle_buffer, seed + 1)

@@ -104,8 +104,8 @@ def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compressi
         first_window = min(shuffle_buffer, max(parse_batch_size, eighth))
         why = (f"the first epoch reads the shards as it goes; a window of {shuffle_buffer} records would hold back "
                f"the first batch until ~{parse_all_s:.2f} s of parsing is done and leave nothing to overlap it "
-               f"with, so its windows are 1/{FIRST_EPOCH_WINDOWS} of the data (whole chunks), and later epochs, "
-               f"read from the cache, use the full window")
+               f"with, so its windows are 1/{FIRST_EPOCH_WINDOWS} of the data (the next whole chunks read), and later "
+               f"epochs, read from the cache, use the full window")
     first_epoch_window = decide("first_epoch_window", first_window, why)
 
     jitter = m.batch_time_p95_s / m.batch_time_p50_s if m.batch_time_p50_s > 0 else 1.0
