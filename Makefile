@@ -41,7 +41,7 @@ bench: env
 	$(VENV)/bin/python benchmarks/distillation.py
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 
-# The input pipeline benchmark alone (B1-B3; about 15 minutes on 2 cores).
+# The input pipeline benchmark alone (B1-B3; about 30 minutes on 2 cores).
 bench-input: env
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 
