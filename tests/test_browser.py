@@ -4,7 +4,6 @@ A real Airflow (api-server, scheduler, dag-processor, LocalExecutor, SQLite) on 
 by Playwright in Debian's chromium. Screenshots land in test-artifacts/browser/.
 """
 import os
-import re
 import shutil
 import time
 import urllib.parse
@@ -69,9 +68,20 @@ def _choose(page, dialog, field: str, value: str):
 
 
 def _trigger(page, dialog) -> str:
-    dialog.get_by_role("button", name="Trigger").click()
-    page.wait_for_url(re.compile(r".*/dags/penguin/runs/.+"))
-    return urllib.parse.unquote(page.url.rsplit("/runs/", 1)[1].split("?")[0].strip("/"))
+    """Press the dialog's Trigger button; return the run id from the POST the form sends.
+
+    The run id comes from the UI's own request, not from the URL it navigates to: the UI navigates
+    only after refetching the DAG page's queries, which on a loaded 2-core CI machine took over a
+    minute once. An error reply fails here with the server's message.
+    """
+    def is_trigger_post(response) -> bool:
+        return response.request.method == "POST" and response.url.endswith("/api/v2/dags/penguin/dagRuns")
+
+    with page.expect_response(is_trigger_post) as posted:
+        dialog.get_by_role("button", name="Trigger").click()
+    response = posted.value
+    assert response.ok, f"trigger refused: HTTP {response.status} {response.text()}"
+    return response.json()["dag_run_id"]
 
 
 def _wait_for_run(stack, run_id: str) -> dict:
@@ -102,7 +112,7 @@ def test_form_trigger_runs_the_pipeline_with_exactly_those_values(page, stack):
     run_id = _trigger(page, dialog)
 
     run = _wait_for_run(stack, run_id)
-    page.reload()
+    page.goto(f"{stack.url}/dags/penguin/runs/{urllib.parse.quote(run_id, safe='')}")
     page.get_by_text("finish_run").first.wait_for()
     page.screenshot(path=SHOTS / "03-finished-run.png", full_page=True)
     assert run["state"] == "success", (_task_states(stack, run_id), stack.logs)
@@ -124,9 +134,13 @@ def test_form_refuses_invalid_values(page, stack):
     assert epochs.input_value() == "1", "the form holds epochs to its minimum"
 
     # What the schema cannot say (allowed data roots) is refused by the run's first task, before any work.
-    dialog.locator("input[name=element_data_path]").fill("/etc/passwd")
+    data_path = dialog.locator("input[name=element_data_path]")
+    data_path.fill("/etc/passwd")
+    data_path.blur()  # commit the field before the click, so no re-render lands between press and release
     run_id = _trigger(page, dialog)
-    assert _wait_for_run(stack, run_id)["state"] == "failed"
+    run = _wait_for_run(stack, run_id)
+    assert run["conf"]["data_path"] == "/etc/passwd" and run["conf"]["epochs"] == 1, run["conf"]
+    assert run["state"] == "failed"
     states = _task_states(stack, run_id)
     assert states["start_run"] == "failed" and states["ExampleGen"] == "upstream_failed"
     page.goto(f"{stack.url}/dags/penguin/runs/{urllib.parse.quote(run_id, safe='')}/tasks/start_run")
