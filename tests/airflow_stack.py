@@ -104,13 +104,13 @@ class AirflowStack:
         request = urllib.request.Request(f"{self.url}/auth/token", method="POST",
                                          data=json.dumps({"username": USERNAME, "password": PASSWORD}).encode(),
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())["access_token"]
 
     def api(self, path: str) -> dict:
         request = urllib.request.Request(f"{self.url}/api/v2/{path}",
                                          headers={"Authorization": f"Bearer {self.token()}"})
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
     def stop(self) -> None:

@@ -40,7 +40,7 @@ def page(stack):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(120_000)  # a loaded 2-core CI machine is slow to render
         page.goto(f"{stack.url}/dags/penguin")
         page.get_by_label("Username").fill(USERNAME)
         page.get_by_label("Password").fill(PASSWORD)
