@@ -13,7 +13,7 @@ from components.trainer import TRAINER
 from components.transform import TRANSFORM
 from pipelines import digits_module
 from pipelines.definition import Node, Pipeline
-from pipelines.paths import digits_csv
+from pipelines.paths import digits_csv, ensure_digits_csv
 
 MODULE = "pipelines.digits_module"
 NUM_TEACHERS = 3
@@ -79,7 +79,7 @@ def build(num_teachers: int = NUM_TEACHERS, name: str = "distillation") -> Pipel
         params_schema=params_schema(digits_csv()),
         nodes=(
             Node("ExampleGen", EXAMPLE_GEN, params=lambda p: {
-                "input_path": p["data_path"], "required_columns": [digits_module.LABEL_KEY]}),
+                "input_path": ensure_digits_csv(p["data_path"]), "required_columns": [digits_module.LABEL_KEY]}),
             Node("Transform", TRANSFORM,
                  inputs={"examples": ("ExampleGen", "examples"), "schema": ("ExampleGen", "schema")},
                  params=lambda p: {"module": MODULE, "batch_size": p["batch_size"],

@@ -25,24 +25,34 @@ def penguins_csv() -> str:
 
 
 def digits_csv() -> str:
-    """scikit-learn's 8x8 digits as a headed CSV (pixel_0..pixel_63, digit) under HPML_HOME/data.
+    """Where scikit-learn's 8x8 digits live as a headed CSV (pixel_0..pixel_63, digit): HPML_HOME/data.
 
-    The data ship inside scikit-learn (nothing is downloaded); the CSV is written once, atomically.
+    Only a path: DAG files are parsed often, so nothing is written here. `ensure_digits_csv`
+    writes the file when a run first reads it.
+    """
+    return str(hpml_home() / "data" / "digits.csv")
+
+
+def ensure_digits_csv(path: str) -> str:
+    """`path`, with the digits CSV written there first if `path` is `digits_csv()` and missing.
+
+    The data ship inside scikit-learn (nothing is downloaded); the file is written atomically,
+    so concurrent or retried runs never see half of it. Any other path is returned untouched.
     """
     import numpy as np
     from sklearn.datasets import load_digits
 
-    path = hpml_home() / "data" / "digits.csv"
-    if path.is_file():
-        return str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    target = Path(digits_csv())
+    if Path(path).resolve() != target.resolve() or target.is_file():
+        return path
+    target.parent.mkdir(parents=True, exist_ok=True)
     digits = load_digits()
     rows = np.column_stack([digits.data.astype(np.int64), digits.target.astype(np.int64)])
     header = ",".join([f"pixel_{i}" for i in range(digits.data.shape[1])] + ["digit"])
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp = target.with_suffix(f".tmp-{os.getpid()}")
     np.savetxt(tmp, rows, fmt="%d", delimiter=",", header=header, comments="")
-    os.replace(tmp, path)
-    return str(path)
+    os.replace(tmp, target)
+    return path
 
 
 def data_roots() -> list[Path]:

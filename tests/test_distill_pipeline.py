@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -247,6 +248,28 @@ def test_distillation_dag_shape_and_trigger_form(airflow_db):
     form = dag.params.dump()
     assert {"temperature", "alpha", "teacher_epochs", "student_epochs", "student_hidden"} <= set(form)
     assert all(dag.params.get_param(name).description for name in form)
+
+
+def test_parsing_the_dag_writes_nothing_and_a_run_writes_the_digits_csv(tmp_path, monkeypatch):
+    from pipelines import distillation
+    from pipelines.params import validate
+
+    monkeypatch.setenv("HPML_HOME", str(tmp_path))
+    pipeline = distillation.build()  # what every parse of dags/distillation.py does
+    assert not (tmp_path / "data").exists(), "a DAG parse must not write data"
+    default_path = pipeline.params_schema["properties"]["data_path"]["default"]
+    assert default_path == str(tmp_path / "data" / "digits.csv")
+
+    example_gen = pipeline.node("ExampleGen")
+    params = validate(pipeline.params_schema, {})
+    assert example_gen.params(params)["input_path"] == default_path
+    rows = Path(default_path).read_text().splitlines()
+    assert rows[0].split(",")[-1] == "digit" and len(rows[0].split(",")) == 65 and len(rows) == 1 + 1797
+    assert not list((tmp_path / "data").glob("*.tmp-*")), "written atomically: no temporary file left"
+
+    other = tmp_path / "data" / "mine.csv"
+    assert example_gen.params({**params, "data_path": str(other)})["input_path"] == str(other)
+    assert not other.exists(), "only the default location is ever written"
 
 
 def test_list_inputs_are_wired_as_lists_only():
