@@ -23,6 +23,8 @@ TRANSFORMED_EXAMPLES_FILE_PREFIX = "transformed_examples"
 TFRECORD_GZ_SUFFIX = ".gz"
 SCHEMA_FILE = "schema.pbtxt"
 SERVING_MODEL_DIR = "Format-Serving"
+# The serving SavedModel's second signature (no inputs): {"class_names": [num_classes] strings}, in column order.
+CLASS_NAMES_SIGNATURE = "class_names"
 _TMP_MARKER = ".tmp-"
 
 

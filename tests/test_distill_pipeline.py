@@ -43,6 +43,11 @@ def _serve(model_uri, raw):
     return signature(examples=tf.constant(raw))
 
 
+def _class_names(model_uri) -> np.ndarray:
+    loaded = tf.saved_model.load(os.path.join(model_uri, "Format-Serving"))
+    return loaded.signatures["class_names"]()["class_names"].numpy().astype(str)
+
+
 def _results(outputs):
     return json.load(open(os.path.join(outputs["Evaluator"]["evaluation"], "results.json")))
 
@@ -64,7 +69,11 @@ def test_dag_runs_every_model_and_scores_them_on_one_eval_split(distill_run):
         probabilities[name] = out["probabilities"].numpy()
         np.testing.assert_allclose(probabilities[name].sum(axis=1), 1.0, rtol=1e-5)
         assert rows[name]["accuracy"] == pytest.approx(np.mean(out["classes"].numpy().astype(str) == labels))
-    ensemble = np.mean([probabilities[f"teacher_{i}"] for i in range(3)], axis=0).argmax(axis=1).astype(str)
+        # Every Model names each probability column's class; the names are the ones its rows predict.
+        class_names = _class_names(distill_run["outputs"][node]["model"])
+        assert sorted(class_names) == [str(d) for d in range(10)]
+        assert (class_names[out["class_ids"].numpy()] == out["classes"].numpy().astype(str)).all()
+    ensemble = class_names[np.mean([probabilities[f"teacher_{i}"] for i in range(3)], axis=0).argmax(axis=1)]
     assert rows["ensemble"]["accuracy"] == pytest.approx(np.mean(ensemble == labels))
     assert rows["ensemble"]["params"] == 3 * rows["teacher_0"]["params"]
     assert rows["student_distilled"]["params"] == rows["student_scratch"]["params"] == 64 * 8 + 8 + 8 * 10 + 10
@@ -81,6 +90,28 @@ def test_dag_runs_every_model_and_scores_them_on_one_eval_split(distill_run):
     logged = records.client().download_artifacts(distill_run["mlflow_run_id"], "Evaluator/evaluation/results.md")
     assert "| student_distilled |" in open(logged).read()
     assert run.data.tags["Student_distilled.distillation.soft_targets"] == "precomputed"
+
+
+def test_ensemble_names_columns_from_the_members_class_names_not_from_their_predictions():
+    from types import SimpleNamespace
+
+    from components.evaluator.executor import _ensemble_row
+
+    # Each member's own argmax is column 0 or 1; their average picks column 2, which neither predicts.
+    first = np.array([[0.50, 0.05, 0.45]])
+    second = np.array([[0.05, 0.50, 0.45]])
+    named = {0: "a", 1: "b", 2: "c"}
+    rows = [{"params": 10, "size_bytes": 100, "latency_us": 1.0}] * 2
+    members = [SimpleNamespace(probabilities=p, column_names=named) for p in (first, second)]
+    assert _ensemble_row("both", members, rows, np.array(["c"]))["accuracy"] == 1.0
+
+    seen_only = [SimpleNamespace(probabilities=first, column_names={0: "a"}),
+                 SimpleNamespace(probabilities=second, column_names={1: "b"})]
+    with pytest.raises(SpecError, match=r"column\(s\) \[2\], whose class no member names"):
+        _ensemble_row("both", seen_only, rows, np.array(["c"]))
+    swapped = [members[0], SimpleNamespace(probabilities=second, column_names={0: "b", 1: "a", 2: "c"})]
+    with pytest.raises(SpecError, match="disagree on probability column 0"):
+        _ensemble_row("both", swapped, rows, np.array(["c"]))
 
 
 def test_soft_target_cache_holds_the_teachers_averaged_softened_outputs(distill_run):

@@ -57,7 +57,8 @@ class _Scored:
         serving = artifacts.serving_model_path(model_uri)
         if not os.path.isfile(os.path.join(serving, "saved_model.pb")):
             raise SpecError(f"Evaluator: Model artifact {model_uri} has no SavedModel at {serving}")
-        signature = tf.saved_model.load(serving).signatures["serving_default"]
+        loaded = tf.saved_model.load(serving)
+        signature = loaded.signatures["serving_default"]
         outputs = signature(examples=tf.constant(serialized))
         if "classes" not in outputs or "probabilities" not in outputs:
             raise SpecError(f"Evaluator: {serving}'s serving signature must return 'classes' and 'probabilities'")
@@ -73,9 +74,16 @@ class _Scored:
             signature(examples=batch)["probabilities"].numpy()
             times.append(time.perf_counter() - started)
         self.latency_us = statistics.median(times) / latency_batch * 1e6
-        # The class name of each probability column, read off the rows' argmax.
-        ids = outputs["class_ids"].numpy()
-        self.column_names = {int(i): name for i, name in zip(ids, self.classes)}
+        self.column_names = _column_names(loaded, outputs["class_ids"].numpy(), self.classes)
+
+
+def _column_names(loaded, class_ids: np.ndarray, classes: np.ndarray) -> dict[int, str]:
+    """Probability column -> class name: from the model's class-names signature when it has one;
+    otherwise only the columns some row's argmax names are known."""
+    if artifacts.CLASS_NAMES_SIGNATURE in loaded.signatures:
+        names = loaded.signatures[artifacts.CLASS_NAMES_SIGNATURE]()["class_names"].numpy()
+        return {i: name.decode() for i, name in enumerate(names)}
+    return {int(i): name for i, name in zip(class_ids, classes)}
 
 
 def _table(rows: list[dict], gap: dict | None) -> str:
@@ -109,8 +117,19 @@ def _ensemble_row(name: str, members: list[_Scored], member_rows: list[dict | No
     if any(row is None for row in member_rows):
         raise SpecError(f"Evaluator: ensemble {name!r} must list its members in model order")
     averaged = np.mean([m.probabilities for m in members], axis=0)
-    columns = {i: label for m in members for i, label in m.column_names.items()}
-    predicted = np.array([columns.get(int(i), "") for i in averaged.argmax(axis=1)])
+    columns: dict[int, str] = {}
+    for member in members:
+        for column, label in member.column_names.items():
+            if columns.setdefault(column, label) != label:
+                raise SpecError(f"Evaluator: ensemble {name!r} averages members that disagree on probability "
+                                f"column {column} ({columns[column]!r} vs {label!r})",
+                                hint="ensemble only models trained on the same label vocabulary")
+    unnamed = sorted(set(averaged.argmax(axis=1).tolist()) - set(columns))
+    if unnamed:
+        raise SpecError(f"Evaluator: ensemble {name!r} predicts probability column(s) {unnamed}, whose class no "
+                        "member names", hint="export the members with class_names (export_serving_model) so "
+                        f"their SavedModels carry a {artifacts.CLASS_NAMES_SIGNATURE!r} signature")
+    predicted = np.array([columns[int(i)] for i in averaged.argmax(axis=1)])
     return {"name": name, "accuracy": float(np.mean(predicted == labels)),
             **{k: sum(row[k] for row in member_rows) for k in ("params", "size_bytes", "latency_us")}}
 

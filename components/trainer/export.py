@@ -1,11 +1,14 @@
 """Export a Keras model as a SavedModel whose serving signature takes serialized raw tf.Examples.
 
 The transform graph runs inside the exported model, so clients send raw features exactly as
-ExampleGen wrote them, and TFX's Evaluator and Pusher can use the Model artifact.
+ExampleGen wrote them, and TFX's Evaluator and Pusher can use the Model artifact. With class
+names, a second signature returns them in column order.
 """
 from __future__ import annotations
 
 import tensorflow as tf
+
+from components.artifacts import CLASS_NAMES_SIGNATURE
 
 
 def export_serving_model(model, tf_transform_output, serving_model_dir: str, label_key: str,
@@ -26,4 +29,12 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
             outputs["classes"] = tf.gather(names, outputs["class_ids"])
         return outputs
 
-    model.save(serving_model_dir, save_format="tf", signatures={"serving_default": serve_tf_examples})
+    signatures = {"serving_default": serve_tf_examples}
+    if class_names:
+        @tf.function(input_signature=[])
+        def class_names_by_column():
+            """Every probability column's class name, so a consumer needs no examples to learn them."""
+            return {"class_names": names}
+
+        signatures[CLASS_NAMES_SIGNATURE] = class_names_by_column
+    model.save(serving_model_dir, save_format="tf", signatures=signatures)
