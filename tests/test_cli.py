@@ -86,3 +86,21 @@ def test_errors_are_one_line_plus_hint_without_traceback(args, first_line):
     lines = done.stderr.strip().splitlines()
     assert lines[-2] == first_line and lines[-1].startswith("hint: ")
     assert "Traceback" not in done.stderr
+
+
+def test_a_local_run_reproduces_the_dag_run_exactly(penguin_dag_run):
+    """Same data, same parameters (the module's fixed seed): the local engine's run learns exactly
+    what the Airflow DAG run learned, epoch by epoch, to the last bit."""
+    from pipelines import records
+
+    args = [part for name, value in penguin_dag_run["conf"].items() for part in ("--param", f"{name}={value}")]
+    done = _hpml("run", "penguin", "--engine", "local", *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    local_id = re.search(r"run record: MLflow run ([0-9a-f]+)", done.stdout).group(1)
+    dag_id = penguin_dag_run["mlflow_run_id"]
+    learned = {run_id: records.client().get_run(run_id).data.metrics for run_id in (dag_id, local_id)}
+    keys = sorted(k for k in learned[dag_id] if k.endswith(("loss", "accuracy")))
+    assert "Trainer.loss" in keys or "loss" in keys, keys
+    assert sorted(k for k in learned[local_id] if k.endswith(("loss", "accuracy"))) == keys
+    for key in keys:
+        assert records.history(local_id, key) == records.history(dag_id, key), key
