@@ -39,12 +39,12 @@ def ensure_digits_csv(path: str) -> str:
     The data ship inside scikit-learn (nothing is downloaded); the file is written atomically,
     so concurrent or retried runs never see half of it. Any other path is returned untouched.
     """
-    import numpy as np
-    from sklearn.datasets import load_digits
-
     target = Path(digits_csv())
     if Path(path).resolve() != target.resolve() or target.is_file():
         return path
+    import numpy as np
+    from sklearn.datasets import load_digits
+
     target.parent.mkdir(parents=True, exist_ok=True)
     digits = load_digits()
     rows = np.column_stack([digits.data.astype(np.int64), digits.target.astype(np.int64)])
