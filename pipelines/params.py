@@ -65,6 +65,12 @@ def training_params_schema(default_data_path: str) -> dict:
                 "title": "Gradient accumulation steps",
                 "description": "Split each batch into this many micro-batches and apply one summed update.",
             },
+            "seed": {
+                "type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1, "default": 42,
+                "title": "Seed",
+                "description": "Seeds weight initialisation and the shuffle order: the same seed, data "
+                               "and parameters learn the same model, bit for bit.",
+            },
             "skip_bad_rows": {
                 "type": "boolean", "default": False,
                 "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing.",

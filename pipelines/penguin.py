@@ -47,6 +47,7 @@ PIPELINE = Pipeline(
                 "hyperparameters": {
                     "epochs": p["epochs"], "batch_size": p["batch_size"], "learning_rate": p["learning_rate"],
                     "gradient_accumulation_steps": p["gradient_accumulation_steps"], "remat": p["remat"],
+                    "seed": p["seed"],
                 },
                 "launcher": p["launcher"],
                 "cluster": p.get("cluster", {}),

@@ -88,19 +88,42 @@ def test_errors_are_one_line_plus_hint_without_traceback(args, first_line):
     assert "Traceback" not in done.stderr
 
 
-def test_a_local_run_reproduces_the_dag_run_exactly(penguin_dag_run):
-    """Same data, same parameters (the module's fixed seed): the local engine's run learns exactly
-    what the Airflow DAG run learned, epoch by epoch, to the last bit."""
-    from pipelines import records
-
-    args = [part for name, value in penguin_dag_run["conf"].items() for part in ("--param", f"{name}={value}")]
+def _local_run_histories(conf: dict) -> tuple[str, dict]:
+    """A local-engine penguin run with `conf`: its MLflow run id and every loss/accuracy history."""
+    args = [part for name, value in conf.items() for part in ("--param", f"{name}={value}")]
     done = _hpml("run", "penguin", "--engine", "local", *args)
     assert done.returncode == 0, done.stderr[-3000:]
-    local_id = re.search(r"run record: MLflow run ([0-9a-f]+)", done.stdout).group(1)
-    dag_id = penguin_dag_run["mlflow_run_id"]
-    learned = {run_id: records.client().get_run(run_id).data.metrics for run_id in (dag_id, local_id)}
-    keys = sorted(k for k in learned[dag_id] if k.endswith(("loss", "accuracy")))
-    assert "Trainer.loss" in keys or "loss" in keys, keys
-    assert sorted(k for k in learned[local_id] if k.endswith(("loss", "accuracy"))) == keys
-    for key in keys:
-        assert records.history(local_id, key) == records.history(dag_id, key), key
+    run_id = re.search(r"run record: MLflow run ([0-9a-f]+)", done.stdout).group(1)
+    return run_id, _histories(run_id)
+
+
+def _histories(run_id: str) -> dict:
+    from pipelines import records
+
+    keys = sorted(k for k in records.client().get_run(run_id).data.metrics if k.endswith(("loss", "accuracy")))
+    return {key: records.history(run_id, key) for key in keys}
+
+
+def test_a_local_run_reproduces_the_dag_run_exactly(penguin_dag_run):
+    """Same data, same parameters (seed 42 by default): the local engine's run learns exactly
+    what the Airflow DAG run learned, epoch by epoch, to the last bit."""
+    _, local = _local_run_histories(penguin_dag_run["conf"])
+    dag = _histories(penguin_dag_run["mlflow_run_id"])
+    assert "Trainer.loss" in dag or "loss" in dag, sorted(dag)
+    assert sorted(local) == sorted(dag)
+    for key in dag:
+        assert local[key] == dag[key], key
+
+
+def test_another_seed_learns_another_model(penguin_dag_run):
+    """The `seed` parameter reaches the Trainer: initial weights and shuffle order change, so the
+    training loss differs from the first epoch on, and the run records the seed."""
+    from pipelines import records
+
+    run_id, other = _local_run_histories({**penguin_dag_run["conf"], "seed": 7})
+    dag = _histories(penguin_dag_run["mlflow_run_id"])
+    loss = "Trainer.loss" if "Trainer.loss" in dag else "loss"
+    assert [step for step, _ in other[loss]] == [step for step, _ in dag[loss]]
+    assert other[loss][0][1] != dag[loss][0][1]
+    params = records.client().get_run(run_id).data.params
+    assert params.get("seed") == "7", {k: v for k, v in params.items() if "seed" in k}
