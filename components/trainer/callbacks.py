@@ -162,6 +162,11 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
     from components.trainer.strategies import BACKUP_CAPABLE, is_chief
 
     callbacks = []
+    if strategy_name == "parameter_server" and save_freq != "epoch":
+        # Under parameter servers tf_keras allows no batch-level callback, which a step-based
+        # BackupAndRestore is; the coordinator reschedules a failed worker's steps itself.
+        log.warning("parameter_server backs up once per epoch, not every %s steps", save_freq)
+        save_freq = "epoch"
     if strategy_name in BACKUP_CAPABLE:
         callbacks.append(tf_keras.callbacks.BackupAndRestore(os.path.join(fn_args.working_dir, "backup"),
                                                              save_freq=save_freq))

@@ -12,8 +12,8 @@ STRATEGIES = (
     "auto", "one_device", "mirrored", "central_storage",
     "multi_worker_mirrored", "parameter_server", "tpu", "gpipe",
 )
-# Strategies tf_keras's BackupAndRestore accepts (it refuses OneDevice, CentralStorage and PS).
-BACKUP_CAPABLE = ("one_device", "mirrored", "multi_worker_mirrored", "tpu", "gpipe")
+# Strategies tf_keras's BackupAndRestore accepts (it refuses CentralStorage and OneDevice, which runs as the default strategy).
+BACKUP_CAPABLE = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu", "gpipe")
 
 _EXTRA_BUILDERS: dict[str, Callable] = {}
 
