@@ -12,7 +12,8 @@ STRATEGIES = (
     "auto", "one_device", "mirrored", "central_storage",
     "multi_worker_mirrored", "parameter_server", "tpu", "gpipe",
 )
-# Strategies tf_keras's BackupAndRestore accepts (it refuses CentralStorage and OneDevice, which runs as the default strategy).
+# Strategies tf_keras's BackupAndRestore accepts. It refuses CentralStorage, and OneDevice too, which is
+# why one_device runs under the default strategy.
 BACKUP_CAPABLE = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu", "gpipe")
 
 _EXTRA_BUILDERS: dict[str, Callable] = {}
