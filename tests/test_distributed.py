@@ -88,26 +88,39 @@ def test_parameter_server_training_with_two_workers_and_one_ps(penguin_outputs, 
     assert os.path.isfile(os.path.join(outputs["model"], "Format-Serving", "saved_model.pb"))
 
 
-def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs, tmp_path):
-    """A worker killed after the coordinator backed up an epoch: the cluster is restarted and the
-    coordinator resumes after that epoch instead of from the start."""
-    outputs = _out(tmp_path, "pss_kill")
-    work, epochs = outputs["model"] + ".work", 10
-    killed = {}
+def _kill_when(ready, work: str, process: str, within_s: float) -> tuple[threading.Thread, dict]:
+    """A thread that SIGKILLs the launcher's `process` (by the pids file in `work`) once `ready()`
+    returns a dict of what it saw; that dict fills the returned one, which stays empty if it never does."""
+    killed: dict = {}
 
     def assassin():
-        deadline = time.time() + 300
-        while time.time() < deadline:  # the run dir is published on success; until then it is a temporary
-            logged = [open(path).read() for path in glob.glob(outputs["model_run"] + ".tmp-*/metrics.jsonl")]
-            if any(text.strip() for text in logged) and os.path.isdir(os.path.join(work, "backup")):
-                pids = json.load(open(os.path.join(work, "pids.json")))
-                os.kill(pids["worker-0"], signal.SIGKILL)
-                killed.update(pid=pids["worker-0"])
+        deadline = time.time() + within_s
+        while time.time() < deadline:
+            seen = ready()
+            if seen:
+                pid = json.load(open(os.path.join(work, "pids.json")))[process]
+                os.kill(pid, signal.SIGKILL)
+                killed.update(seen, pid=pid)
                 return
             time.sleep(0.05)
 
     thread = threading.Thread(target=assassin, daemon=True)
     thread.start()
+    return thread, killed
+
+
+def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs, tmp_path):
+    """A worker killed after the coordinator backed up an epoch: the cluster is restarted and the
+    coordinator resumes after that epoch instead of from the start."""
+    outputs = _out(tmp_path, "pss_kill")
+    work, epochs = outputs["model"] + ".work", 10
+
+    def epoch_logged():  # the run dir is published on success; until then it is a temporary
+        logged = [open(path).read() for path in glob.glob(outputs["model_run"] + ".tmp-*/metrics.jsonl")]
+        return {"epoch_logged": True} if any(t.strip() for t in logged) and os.path.isdir(
+            os.path.join(work, "backup")) else None
+
+    thread, killed = _kill_when(epoch_logged, work, "worker-0", within_s=300)
     result = TRAINER.run(_inputs(penguin_outputs), outputs, {
         "module": "pipelines.penguin_module", "num_workers": 2, "num_ps": 1, "max_restarts": 1,
         "backup_save_freq": 5, "hyperparameters": {"epochs": epochs, "batch_size": 8, "learning_rate": 0.05}})
@@ -130,24 +143,15 @@ def test_killed_worker_is_restarted_and_training_resumes_from_backup(penguin_out
     outputs = _out(tmp_path, "kill")
     work = outputs["model"] + ".work"
     epochs, batch = 8, 8
-    killed = {}
 
-    def assassin():
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            progress = read_progress(os.path.join(work, "progress"))
-            backups = os.path.join(work, "backup")
-            has_backup = os.path.isdir(backups) and any("ckpt" in f or "checkpoint" in f
-                                                        for _, _, files in os.walk(backups) for f in files)
-            if progress and has_backup and progress["step"] >= 40:
-                pids = json.load(open(os.path.join(work, "pids.json")))
-                os.kill(pids["worker-1"], signal.SIGKILL)
-                killed.update(step=progress["step"], pid=pids["worker-1"])
-                return
-            time.sleep(0.05)
+    def step_40_backed_up():
+        progress = read_progress(os.path.join(work, "progress"))
+        backups = os.path.join(work, "backup")
+        has_backup = os.path.isdir(backups) and any("ckpt" in f or "checkpoint" in f
+                                                    for _, _, files in os.walk(backups) for f in files)
+        return {"step": progress["step"]} if progress and has_backup and progress["step"] >= 40 else None
 
-    thread = threading.Thread(target=assassin, daemon=True)
-    thread.start()
+    thread, killed = _kill_when(step_40_backed_up, work, "worker-1", within_s=240)
     result = TRAINER.run(_inputs(penguin_outputs), outputs, {
         "module": "pipelines.penguin_module", "num_workers": 2, "max_restarts": 2, "backup_save_freq": 5,
         "hyperparameters": {"epochs": epochs, "batch_size": batch}})
