@@ -3,9 +3,14 @@
 Executors are plain functions `executor(inputs, outputs, params) -> properties` of artifact
 URIs (a list of URIs for a list input) and validated parameters. They import nothing from Airflow, so the local runner, the
 Airflow adapter or a user's own TFX pipeline can all drive them.
+
+A spec names its executor as "module:function" and imports it only when the component runs: a
+pipeline definition, and so an Airflow DAG file that the dag-processor re-parses every 30 s,
+then loads without TensorFlow or Beam.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -41,7 +46,7 @@ class ComponentSpec:
     inputs: Mapping[str, ArtifactType]
     outputs: Mapping[str, ArtifactType]
     parameters: Mapping[str, Parameter]
-    executor: Executor
+    executor: Executor | str  # the function, or "module:function" naming it (imported at run time)
     optional_inputs: frozenset[str] = field(default_factory=frozenset)
     # Inputs that take a list of artifacts (e.g. several teacher Models) instead of one.
     list_inputs: frozenset[str] = field(default_factory=frozenset)
@@ -113,4 +118,14 @@ class ComponentSpec:
                 f"{self.name}: outputs must be exactly {sorted(self.outputs)}, got {sorted(outputs)}"
             )
         resolved = self.resolve_params(params)
-        return dict(self.executor(inputs, outputs, resolved) or {})
+        return dict(self.load_executor()(inputs, outputs, resolved) or {})
+
+    def load_executor(self) -> Executor:
+        """The executor function, importing its module if the spec names it as "module:function"."""
+        if callable(self.executor):
+            return self.executor
+        module, _, function = self.executor.partition(":")
+        try:
+            return getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError) as error:
+            raise SpecError(f"{self.name}: cannot load executor {self.executor!r}: {error}") from error

@@ -13,8 +13,9 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf  # noqa: E402
 
-LABEL_KEY = "digit"
-PIXELS = tuple(f"pixel_{i}" for i in range(64))
+from pipelines.columns import DIGITS_LABEL as LABEL_KEY  # noqa: E402
+from pipelines.columns import DIGITS_PIXELS as PIXELS  # noqa: E402
+
 NUM_CLASSES = 10
 CLASS_NAMES = [str(d) for d in range(NUM_CLASSES)]
 DEFAULT_HYPERPARAMETERS = {"epochs": 60, "batch_size": 64, "learning_rate": 0.01, "seed": 0,

@@ -11,7 +11,7 @@ from components.example_gen import EXAMPLE_GEN
 from components.soft_targets import SOFT_TARGETS
 from components.trainer import TRAINER
 from components.transform import TRANSFORM
-from pipelines import digits_module
+from pipelines import columns
 from pipelines.definition import Node, Pipeline
 from pipelines.paths import digits_csv, ensure_digits_csv
 
@@ -79,17 +79,17 @@ def build(num_teachers: int = NUM_TEACHERS, name: str = "distillation") -> Pipel
         params_schema=params_schema(digits_csv()),
         nodes=(
             Node("ExampleGen", EXAMPLE_GEN, params=lambda p: {
-                "input_path": ensure_digits_csv(p["data_path"]), "required_columns": [digits_module.LABEL_KEY]}),
+                "input_path": ensure_digits_csv(p["data_path"]), "required_columns": [columns.DIGITS_LABEL]}),
             Node("Transform", TRANSFORM,
                  inputs={"examples": ("ExampleGen", "examples"), "schema": ("ExampleGen", "schema")},
                  params=lambda p: {"module": MODULE, "batch_size": p["batch_size"],
-                                   "required_features": [digits_module.LABEL_KEY, *digits_module.PIXELS]}),
+                                   "required_features": [columns.DIGITS_LABEL, *columns.DIGITS_PIXELS]}),
             *teacher_nodes,
             Node("SoftTargets", SOFT_TARGETS,
                  inputs={"examples": ("Transform", "transformed_examples"),
                          "transform_graph": ("Transform", "transform_graph"),
                          "teachers": [(t, "model") for t in teachers]},
-                 params=lambda p: {"label_key": digits_module.LABEL_KEY, "temperature": p["temperature"]}),
+                 params=lambda p: {"label_key": columns.DIGITS_LABEL, "temperature": p["temperature"]}),
             # Both students read through TFXIO in the same order, so they differ only in the loss: the tuned
             # InputPipeline spec is fingerprinted to the transformed schema, which soft targets extend.
             Node("Student_scratch", TRAINER, inputs=students,
@@ -105,7 +105,7 @@ def build(num_teachers: int = NUM_TEACHERS, name: str = "distillation") -> Pipel
                  inputs={"examples": ("ExampleGen", "examples"),
                          "models": [(n, "model") for n in teachers + ["Student_scratch", "Student_distilled"]]},
                  params=lambda p: {
-                     "label_key": digits_module.LABEL_KEY,
+                     "label_key": columns.DIGITS_LABEL,
                      "model_names": [t.lower() for t in teachers] + ["student_scratch", "student_distilled"],
                      "ensembles": {"ensemble": [t.lower() for t in teachers]} if num_teachers > 1 else {},
                      "distillation": {"teacher": "ensemble" if num_teachers > 1 else "teacher_0",

@@ -1,6 +1,7 @@
 """Where hpml keeps its state, and which data paths parameters may name."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -19,9 +20,11 @@ def artifact_root() -> Path:
 
 
 def penguins_csv() -> str:
-    import palmerpenguins
-
-    return str(Path(palmerpenguins.__file__).parent / "data" / "penguins.csv")
+    """The palmerpenguins package's CSV, found without importing the package (it imports pandas)."""
+    package = importlib.util.find_spec("palmerpenguins")
+    if package is None or package.origin is None:
+        raise SpecError("the palmerpenguins package is not installed", hint="run `make env`")
+    return str(Path(package.origin).parent / "data" / "penguins.csv")
 
 
 def digits_csv() -> str:

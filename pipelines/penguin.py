@@ -4,7 +4,7 @@ from __future__ import annotations
 from components.example_gen import EXAMPLE_GEN
 from components.trainer import TRAINER
 from components.transform import TRANSFORM
-from pipelines import penguin_module
+from pipelines import columns
 from pipelines.definition import Node, Pipeline
 from pipelines.params import training_params_schema
 from pipelines.paths import penguins_csv
@@ -20,7 +20,7 @@ PIPELINE = Pipeline(
             "ExampleGen", EXAMPLE_GEN,
             params=lambda p: {
                 "input_path": p["data_path"],
-                "required_columns": [penguin_module.LABEL_KEY],
+                "required_columns": [columns.PENGUIN_LABEL],
                 "skip_bad_rows": p["skip_bad_rows"],
             },
         ),
@@ -29,8 +29,8 @@ PIPELINE = Pipeline(
             inputs={"examples": ("ExampleGen", "examples"), "schema": ("ExampleGen", "schema")},
             params=lambda p: {
                 "module": MODULE,
-                "required_features": [penguin_module.LABEL_KEY, *penguin_module.NUMERIC_FEATURES,
-                                      *penguin_module.CATEGORICAL_FEATURES],
+                "required_features": [columns.PENGUIN_LABEL, *columns.PENGUIN_NUMERIC,
+                                      *columns.PENGUIN_CATEGORICAL],
                 "batch_size": p["batch_size"],
             },
         ),

@@ -13,9 +13,10 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 import tensorflow_transform as tft  # noqa: E402
 
-LABEL_KEY = "species"
-NUMERIC_FEATURES = ("bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g")
-CATEGORICAL_FEATURES = ("island", "sex")
+from pipelines.columns import PENGUIN_CATEGORICAL as CATEGORICAL_FEATURES  # noqa: E402
+from pipelines.columns import PENGUIN_LABEL as LABEL_KEY  # noqa: E402
+from pipelines.columns import PENGUIN_NUMERIC as NUMERIC_FEATURES  # noqa: E402
+
 DEFAULT_HYPERPARAMETERS = {"epochs": 10, "batch_size": 32, "learning_rate": 0.01, "seed": 42}
 
 

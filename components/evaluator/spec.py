@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from components import artifacts
-from components.evaluator import executor
 from components.spec import ComponentSpec, Parameter
 
 
@@ -28,5 +27,5 @@ EVALUATOR = ComponentSpec(
         "latency_batch": Parameter(int, 256, check=lambda n: None if n > 0 else "must be positive"),
         "latency_repeats": Parameter(int, 7, check=lambda n: None if n >= 1 else "must be >= 1"),
     },
-    executor=executor.run,
+    executor="components.evaluator.executor:run",
 )

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from components import artifacts
-from components.example_gen import executor
 from components.spec import ComponentSpec, Parameter
 
 
@@ -36,5 +35,5 @@ EXAMPLE_GEN = ComponentSpec(
                                 help="output shards per split; 0 lets the runner decide"),
         "beam_pipeline_args": Parameter(list, [], help="passed to Beam unchanged (e.g. --runner=DataflowRunner)"),
     },
-    executor=executor.run,
+    executor="components.example_gen.executor:run",
 )

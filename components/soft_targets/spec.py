@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from components import artifacts
-from components.soft_targets import executor
 from components.spec import ComponentSpec, Parameter
 
 SOFT_TARGETS = ComponentSpec(
@@ -19,5 +18,5 @@ SOFT_TARGETS = ComponentSpec(
                                 help="examples per teacher call"),
         "beam_pipeline_args": Parameter(list, []),
     },
-    executor=executor.run,
+    executor="components.soft_targets.executor:run",
 )

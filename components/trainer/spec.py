@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from components import artifacts
 from components.spec import ComponentSpec, Parameter
-from components.trainer import executor
 from components.trainer.strategies import STRATEGIES
 
 
@@ -63,6 +62,6 @@ TRAINER = ComponentSpec(
         "soft_targets": Parameter(str, "auto", choices=("auto", "precomputed", "on_the_fly"),
                                   help="auto: the SoftTargets cache when the examples carry one, else the teachers"),
     },
-    executor=executor.run,
+    executor="components.trainer.executor:run",
     checks=(_cluster_needs_a_remote_launcher,),
 )

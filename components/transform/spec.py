@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from components import artifacts
 from components.spec import ComponentSpec, Parameter
-from components.transform import executor
 
 TRANSFORM = ComponentSpec(
     name="Transform",
@@ -29,5 +28,5 @@ TRANSFORM = ComponentSpec(
         "on_corrupt_shard": Parameter(str, "error", choices=("error", "skip"),
                                       help="fail on a corrupt shard, or skip and count it"),
     },
-    executor=executor.run,
+    executor="components.transform.executor:run",
 )
