@@ -109,34 +109,81 @@ def _kill_when(ready, work: str, process: str, within_s: float) -> tuple[threadi
     return thread, killed
 
 
-def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs, tmp_path):
-    """A worker killed after the coordinator backed up an epoch: the cluster is restarted and the
-    coordinator resumes after that epoch instead of from the start."""
-    outputs = _out(tmp_path, "pss_kill")
-    work, epochs = outputs["model"] + ".work", 10
+def _watch_pids(work: str) -> tuple[threading.Event, dict]:
+    """Until the returned event is set, every pid the launcher's pids file names, per process."""
+    stop, seen = threading.Event(), {}
 
-    def epoch_logged():  # the run dir is published on success; until then it is a temporary
+    def watch():
+        while not stop.is_set():
+            try:
+                for name, pid in json.load(open(os.path.join(work, "pids.json"))).items():
+                    seen.setdefault(name, set()).add(pid)
+            except (OSError, ValueError):
+                pass  # not written yet, or being replaced
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return stop, seen
+
+
+def _ps_epoch_backed_up(outputs, work):
+    """Once the coordinator has logged an epoch and written its backup (the run dir is a temporary until published)."""
+    def ready():
         logged = [open(path).read() for path in glob.glob(outputs["model_run"] + ".tmp-*/metrics.jsonl")]
         return {"epoch_logged": True} if any(t.strip() for t in logged) and os.path.isdir(
             os.path.join(work, "backup")) else None
+    return ready
 
-    thread, killed = _kill_when(epoch_logged, work, "worker-0", within_s=300)
+
+def _epochs_logged(outputs) -> list[int]:
+    return [json.loads(line)["epoch"] for line in open(os.path.join(outputs["model_run"], "metrics.jsonl"))
+            if line.strip()]
+
+
+def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs, tmp_path):
+    """A parameter server killed after the coordinator backed up an epoch: the variables are gone, so the
+    cluster is restarted, and the coordinator resumes after that epoch instead of from the start."""
+    outputs = _out(tmp_path, "pss_kill")
+    work, epochs = outputs["model"] + ".work", 10
+    thread, killed = _kill_when(_ps_epoch_backed_up(outputs, work), work, "ps-0", within_s=300)
     result = TRAINER.run(_inputs(penguin_outputs), outputs, {
         "module": "pipelines.penguin_module", "num_workers": 2, "num_ps": 1, "max_restarts": 1,
         "backup_save_freq": 5, "hyperparameters": {"epochs": epochs, "batch_size": 8, "learning_rate": 0.05}})
     thread.join()
-    assert killed, "the worker was never killed"
+    assert killed, "the parameter server was never killed"
     assert result["plan"]["strategy"] == "parameter_server"
-    assert result["launch"]["restarts"] == 1
-    assert "worker-0 exited with code -9 (SIGKILL)" in result["launch"]["failures"][0]
-    metrics = os.path.join(outputs["model_run"], "metrics.jsonl")
-    logged = [json.loads(line)["epoch"] for line in open(metrics) if line.strip()]
+    assert result["launch"]["restarts"] == 1 and result["launch"]["restarted_in_place"] == []
+    assert "ps-0 exited with code -9 (SIGKILL)" in result["launch"]["failures"][0]
+    logged = _epochs_logged(outputs)
     # The killed attempt logged epoch 1 before the kill; a restart from scratch would log it again.
     assert logged.count(1) == 1, f"the restarted coordinator began at epoch 1, not after its backup: {logged}"
     assert logged[-1] == epochs and sorted(set(logged)) == list(range(1, epochs + 1)), logged
     assert [row["epoch"] for row in result["history"]] == list(range(1, epochs + 1))
     assert os.path.isfile(os.path.join(outputs["model"], "Format-Serving", "saved_model.pb"))
     assert not os.path.exists(work), "the backup is removed once training succeeded"
+
+
+def test_parameter_server_worker_is_restarted_alone_and_taken_back(penguin_outputs, tmp_path):
+    """The only worker of a parameter-server cluster killed mid-training: the launcher restarts that
+    worker alone, on its old address, and the same coordinator (never restarted) takes it back and
+    finishes; with no other worker, it could not have finished without it."""
+    outputs = _out(tmp_path, "pss_worker_kill")
+    work, epochs = outputs["model"] + ".work", 6
+    stop_watching, pids = _watch_pids(work)
+    thread, killed = _kill_when(_ps_epoch_backed_up(outputs, work), work, "worker-0", within_s=300)
+    result = TRAINER.run(_inputs(penguin_outputs), outputs, {
+        "module": "pipelines.penguin_module", "num_workers": 1, "num_ps": 1, "max_restarts": 1,
+        "hyperparameters": {"epochs": epochs, "batch_size": 8, "learning_rate": 0.05}})
+    thread.join()
+    stop_watching.set()
+    assert killed, "the worker was never killed"
+    launch = result["launch"]
+    assert launch["restarts"] == 1 and launch["restarted_in_place"] == ["worker-0"]
+    assert "worker-0 exited with code -9 (SIGKILL)" in launch["failures"][0]
+    assert len(pids["chief-0"]) == 1 and len(pids["ps-0"]) == 1, f"only the worker may be restarted: {pids}"
+    assert len(pids["worker-0"]) == 2 and killed["pid"] in pids["worker-0"], pids
+    assert _epochs_logged(outputs) == list(range(1, epochs + 1)), "each epoch once: the coordinator never restarted"
+    assert os.path.isfile(os.path.join(outputs["model"], "Format-Serving", "saved_model.pb"))
 
 
 def test_killed_worker_is_restarted_and_training_resumes_from_backup(penguin_outputs, tmp_path):

@@ -2,8 +2,10 @@
 
 Each process gets its own TF_CONFIG with free ports picked at launch. Output streams with a
 per-process prefix. The first process to fail stops the whole cluster; the launcher then
-restarts it (BackupAndRestore resumes training) up to `max_restarts` times. No process is
-left behind on success, failure or Ctrl-C.
+restarts it (BackupAndRestore resumes training) up to `max_restarts` times. The exception is a
+worker under parameter servers: the coordinator carries on with the other workers and takes the
+dead one back once it serves again, so only that worker is restarted, on its old address. No
+process is left behind on success, failure or Ctrl-C.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ log = logging.getLogger("hpml.launcher")
 
 @dataclass
 class LaunchReport:
-    restarts: int = 0
+    restarts: int = 0  # of the cluster or of one process; all count against max_restarts
+    restarted_in_place: list[str] = field(default_factory=list)  # processes restarted alone (PS workers)
     steps_lost: int = 0
     recovery_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -66,7 +69,7 @@ def cluster_spec(num_workers: int, num_ps: int, with_chief: bool) -> dict[str, l
 
 class _Process:
     def __init__(self, name: str, argv: list[str], env: dict, echo):
-        self.name = name
+        self.name, self.argv, self.env, self.echo = name, argv, env, echo
         self.tail: deque[str] = deque(maxlen=30)
         self.popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, start_new_session=True)
@@ -106,6 +109,16 @@ def _error_summary(lines: list[str]) -> str:
     return " | ".join(tail[-2:])[:600]
 
 
+def _exit_reason(proc: _Process, code: int) -> str:
+    if code == 0:
+        return f"{proc.name} exited early"
+    reason = f"{proc.name} exited with code {code}"
+    if code < 0:
+        reason += f" ({signal.Signals(-code).name})"
+    summary = _error_summary(list(proc.tail))
+    return reason + (": " + summary if summary else "")
+
+
 class LocalLauncher:
     """Runs `python -m components.trainer.worker JOB` once per cluster task."""
 
@@ -135,15 +148,15 @@ class LocalLauncher:
         report = LaunchReport()
         started = time.perf_counter()
         try:
-            for attempt in range(self.max_restarts + 1):
-                failure = self._attempt(job_path)
+            while True:
+                failure = self._attempt(job_path, report)
                 if failure is None:
                     break
                 report.failures.append(failure)
                 before = read_progress(progress_dir)
                 failed_at = time.perf_counter()
-                if attempt == self.max_restarts:
-                    raise LaunchError(f"training failed after {attempt} restart(s): {failure}",
+                if report.restarts >= self.max_restarts:
+                    raise LaunchError(f"training failed after {report.restarts} restart(s): {failure}",
                                       hint="the backup is kept: a retry of this task resumes from it")
                 report.restarts += 1
                 log.warning("restarting the cluster (%d/%d) after: %s", report.restarts, self.max_restarts, failure)
@@ -170,7 +183,8 @@ class LocalLauncher:
                 time.sleep(0.05)
         threading.Thread(target=watch, daemon=True).start()
 
-    def _attempt(self, job_path: str) -> str | None:
+    def _attempt(self, job_path: str, report: LaunchReport) -> str | None:
+        """Start the cluster and watch it: None once it finished, else why it stopped."""
         spec = cluster_spec(self.num_workers, self.num_ps, with_chief=self.parameter_server)
         with self._lock:
             self.processes = []
@@ -180,28 +194,41 @@ class LocalLauncher:
                         {"cluster": spec, "task": {"type": role, "index": index}}), PYTHONUNBUFFERED="1")
                     argv = [sys.executable, "-m", "components.trainer.worker", job_path]
                     self.processes.append(_Process(f"{role}-{index}", argv, env, self._echo))
-        self._write_pids(os.path.join(os.path.dirname(job_path), "pids.json"))
+        pids_path = os.path.join(os.path.dirname(job_path), "pids.json")
+        self._write_pids(pids_path)
         # Under parameter servers only the coordinator (chief) finishes; servers run until stopped.
         finishers = [p for p in self.processes if not self.parameter_server or p.name.startswith("chief")]
         while True:
-            for proc in self.processes:
+            for proc in list(self.processes):
                 code = proc.popen.poll()
-                if code not in (None, 0):
-                    reason = f"{proc.name} exited with code {code}"
-                    if code < 0:
-                        reason += f" ({signal.Signals(-code).name})"
-                    summary = _error_summary(list(proc.tail))
-                    if summary:
-                        reason += ": " + summary
-                    self._stop_all()
-                    return reason
-                if code == 0 and proc not in finishers:
-                    self._stop_all()
-                    return f"{proc.name} exited early"
+                if code is None or (code == 0 and proc in finishers):
+                    continue
+                reason = _exit_reason(proc, code)
+                if self._restartable_alone(proc) and report.restarts < self.max_restarts:
+                    self._restart_alone(proc, reason, report)
+                    self._write_pids(pids_path)
+                    continue
+                self._stop_all()
+                return reason
             if all(p.popen.poll() == 0 for p in finishers):
                 self._stop_all()
                 return None
             time.sleep(0.1)
+
+    def _restartable_alone(self, proc: _Process) -> bool:
+        """A ParameterServer worker: the coordinator reschedules its work and takes it back later.
+        A dead coordinator or parameter server loses the variables, so those restart the cluster."""
+        return self.parameter_server and proc.name.startswith("worker-")
+
+    def _restart_alone(self, proc: _Process, reason: str, report: LaunchReport) -> None:
+        report.restarts += 1
+        report.failures.append(reason)
+        report.restarted_in_place.append(proc.name)
+        log.warning("restarting %s alone (%d/%d); the coordinator goes on with the other workers. It %s",
+                    proc.name, report.restarts, self.max_restarts, reason.split(" ", 1)[1])
+        proc.kill()
+        with self._lock:
+            self.processes[self.processes.index(proc)] = _Process(proc.name, proc.argv, proc.env, proc.echo)
 
     def _stop_all(self):
         with self._lock:
