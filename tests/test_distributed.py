@@ -45,6 +45,25 @@ def test_two_mwms_workers_end_with_the_weights_of_one_process(penguin_outputs, t
         np.testing.assert_allclose(cluster, single, atol=1e-5, rtol=1e-5)
 
 
+def test_central_storage_retry_resumes_from_its_backup_with_the_uninterrupted_weights(penguin_outputs, tmp_path):
+    """tf_keras's BackupAndRestore refuses CentralStorage; ours allows it. A run that dies after
+    epoch 2 of 3 is retried: the retry trains epoch 3 only and ends with the weights of a run
+    that never died."""
+    whole, retried = _out(tmp_path, "cs_whole"), _out(tmp_path, "cs_retried")
+    params = {"module": TOY, "strategy": "central_storage"}
+    TRAINER.run(_inputs(penguin_outputs), whole, dict(params, hyperparameters={"crash_once_after_epoch": 0}))
+    faulty = dict(params, hyperparameters={"crash_once_after_epoch": 2})
+    with pytest.raises(RuntimeError, match="transient fault after epoch 2"):
+        TRAINER.run(_inputs(penguin_outputs), retried, faulty)
+    result = TRAINER.run(_inputs(penguin_outputs), retried, faulty)
+    assert result["plan"]["strategy"] == "central_storage"
+    assert json.load(open(os.path.join(whole["model_run"], "epochs_run.json"))) == [0, 1, 2]
+    assert json.load(open(os.path.join(retried["model_run"], "epochs_run.json"))) == [2], \
+        "the retry started over instead of resuming from the backup"
+    for uninterrupted, resumed in zip(_weights(whole), _weights(retried)):
+        np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("strategy, replicas", [("mirrored", 4), ("central_storage", 4)])
 def test_mirrored_and_central_storage_on_logical_cpus(penguin_outputs, tmp_path, strategy, replicas):
     from components.trainer.strategies import make_strategy

@@ -156,9 +156,25 @@ def read_progress(directory: str) -> dict | None:
         return None
 
 
+class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
+    """tf_keras's BackupAndRestore, allowed under CentralStorage too.
+
+    tf_keras checks the strategy against a fixed list that leaves CentralStorage out, but its
+    checkpoint (one worker, variables on the host) saves and restores like Mirrored's: a run
+    stopped after a backup and started again ends with the uninterrupted run's weights (tested).
+    """
+
+    def __init__(self, *args, **kwargs):
+        import tensorflow as tf
+
+        super().__init__(*args, **kwargs)
+        self._supported_strategies = (*self._supported_strategies,
+                                      tf.distribute.experimental.CentralStorageStrategy)
+
+
 def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int,
                        save_freq: int | str = "epoch") -> list:
-    """BackupAndRestore (where tf_keras supports the strategy), TensorBoard, per-epoch metrics, progress."""
+    """BackupAndRestore (under every strategy that supports it), TensorBoard, per-epoch metrics, progress."""
     from components.trainer.strategies import BACKUP_CAPABLE, is_chief
 
     callbacks = []
@@ -168,10 +184,9 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
         log.warning("parameter_server backs up once per epoch, not every %s steps", save_freq)
         save_freq = "epoch"
     if strategy_name in BACKUP_CAPABLE:
-        callbacks.append(tf_keras.callbacks.BackupAndRestore(os.path.join(fn_args.working_dir, "backup"),
-                                                             save_freq=save_freq))
+        callbacks.append(BackupAndRestore(os.path.join(fn_args.working_dir, "backup"), save_freq=save_freq))
     else:
-        log.warning("BackupAndRestore does not support %s in tf_keras; this run has no backups", strategy_name)
+        log.warning("BackupAndRestore does not support strategy %s; this run has no backups", strategy_name)
     callbacks += [
         tf_keras.callbacks.TensorBoard(fn_args.model_run_dir),
         EpochMetricsLogger(fn_args.model_run_dir, batch_size, epochs),

@@ -12,9 +12,10 @@ STRATEGIES = (
     "auto", "one_device", "mirrored", "central_storage",
     "multi_worker_mirrored", "parameter_server", "tpu", "gpipe",
 )
-# Strategies tf_keras's BackupAndRestore accepts. It refuses CentralStorage, and OneDevice too, which is
-# why one_device runs under the default strategy.
-BACKUP_CAPABLE = ("one_device", "mirrored", "multi_worker_mirrored", "parameter_server", "tpu", "gpipe")
+# Strategies our BackupAndRestore (callbacks.py) accepts: tf_keras's list plus CentralStorage. tf_keras
+# refuses OneDevice, which is why one_device runs under the default strategy.
+BACKUP_CAPABLE = ("one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu",
+                  "gpipe")
 
 _EXTRA_BUILDERS: dict[str, Callable] = {}
 
