@@ -52,6 +52,11 @@ class AirflowStack:
             AIRFLOW__API__WORKERS="1",
             AIRFLOW__API_AUTH__JWT_SECRET="hpml-browser-test-secret",
             AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+            # On a loaded 2-core CI box a DAG file can parse slowly while tasks run beside it; a parse
+            # that outlives the stale threshold marks the DAG stale and the UI answers 404.
+            AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT="120",
+            AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT="150",
+            AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD="300",
             AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
             AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
             HPML_PROGRESS="plain",
