@@ -281,27 +281,34 @@ def split_shards(files: list[str], examples: int, workdir: str, cores: int) -> l
 def _run_split(spec_path, parts: list[tuple[str, int]]) -> dict:
     """The serial pipeline on each part at once, one process per core; the slowest sets the time."""
     cpus = sorted(os.sched_getaffinity(0))
+    logs = [tempfile.TemporaryFile("w+") for _ in parts]  # a file, not a pipe: a chatty child cannot block
+
+    def failed(index, why):
+        logs[index].seek(0)
+        return RuntimeError(f"ideal-split child {index} ({parts[index][0]}) {why}: {logs[index].read()[-2000:]}")
+
     children = [subprocess.Popen(_child_command("b2", spec_path, folder, "serial", records, barrier=True),
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[i], text=True,
                                  preexec_fn=_pin(cpus[i % len(cpus)]))
                 for i, (folder, records) in enumerate(parts)]
     try:
-        for child in children:
+        for index, child in enumerate(children):
             if child.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"an ideal-split child failed before its epoch: {child.communicate()[1][-2000:]}")
+                raise failed(index, "stopped before its epoch")
         for child in children:
             child.stdin.write("go\n")
             child.stdin.flush()
         results = []
-        for child in children:
-            out, err = child.communicate()
+        for index, child in enumerate(children):
+            out, _ = child.communicate()
             if child.returncode:
-                raise RuntimeError(f"an ideal-split child failed (exit {child.returncode}): {err[-2000:]}")
+                raise failed(index, f"exited with {child.returncode}")
             results.append(json.loads(out.strip().splitlines()[-1]))
     finally:
-        for child in children:
+        for child, log in zip(children, logs):
             if child.poll() is None:
                 child.kill()
+            log.close()
     return {"cold_s": max(r["cold_s"] for r in results), "warm_s": max(r["warm_s"] for r in results),
             "cold_cpu_s": sum(r["cold_cpu_s"] for r in results),
             "cold_first_batch_s": max(r["cold_first_batch_s"] for r in results),
