@@ -112,6 +112,8 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
                     Metric("recovery_seconds", sum(launch["recovery_seconds"]), now, 0)]
         if launch.get("restarted_in_place"):  # parameter-server workers restarted without the cluster
             tags.append(RunTag("hpml.restarted_in_place", ",".join(launch["restarted_in_place"])))
+        if launch.get("rejoin_seconds"):
+            metrics.append(Metric("rejoin_seconds", sum(launch["rejoin_seconds"]), now, 0))
     stall = properties.get("input_stall")
     if stall:
         metrics += [Metric("input_stall_fraction", stall["stall_fraction"], now, 0),

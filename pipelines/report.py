@@ -132,7 +132,8 @@ def collect(mlflow_run_id: str) -> dict:
         "input_stages_png": os.path.join(pipeline_dir, "stages.png") if pipeline_dir else None,
         "input_decisions": {k[len("input_pipeline."):]: v for k, v in summary.tags.items()
                             if k.startswith("input_pipeline.")},
-        "distributed": {k: metrics[k] for k in ("restarts", "steps_lost", "recovery_seconds") if k in metrics},
+        "distributed": {k: metrics[k] for k in ("restarts", "steps_lost", "recovery_seconds", "rejoin_seconds")
+                        if k in metrics},
         "failed_node": summary.tags.get("hpml.failed_node"), "error": summary.tags.get("hpml.error"),
         "run_dir": summary.tags.get("hpml.run_dir"),
         "node_curves": node_curves,

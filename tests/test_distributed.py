@@ -198,6 +198,8 @@ def test_parameter_server_worker_is_restarted_alone_and_taken_back(penguin_outpu
     assert killed, "the worker was never killed"
     launch = result["launch"]
     assert launch["restarts"] == 1 and launch["restarted_in_place"] == ["worker-0"]
+    # Timed to the replacement serving on its old address: after a new TF runtime starts, within the run.
+    assert len(launch["rejoin_seconds"]) == 1 and 0.1 < launch["rejoin_seconds"][0] < launch["seconds"], launch
     assert "worker-0 exited with code -9 (SIGKILL)" in launch["failures"][0]
     assert len(pids["chief-0"]) == 1 and len(pids["ps-0"]) == 1, f"only the worker may be restarted: {pids}"
     assert len(pids["worker-0"]) == 2 and killed["pid"] in pids["worker-0"], pids

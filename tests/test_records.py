@@ -12,7 +12,7 @@ def test_trainer_properties_become_run_record_fields(tmp_path):
         "eval_metrics": {"accuracy": 0.75},
         "plan": {"strategy": "multi_worker_mirrored", "reasons": ["2 workers and no parameter servers"]},
         "launch": {"restarts": 1, "steps_lost": 4, "recovery_seconds": [12.5], "failures": ["worker-1 ...", "worker-0 ..."],
-                   "restarted_in_place": ["worker-0"]},
+                   "restarted_in_place": ["worker-0"], "rejoin_seconds": [3.5]},
         "gpipe": {"num_stages": 2, "num_micro_batches": 4, "balance": [2, 2], "remat": "always",
                   "schedule": "gpipe", "stage_costs_s": [0.1, 0.2], "expected_bubble": 0.2, "measured_bubble": 0.25},
     }
@@ -26,7 +26,7 @@ def test_trainer_properties_become_run_record_fields(tmp_path):
     assert records.history(run_id, "loss") == [(1, 0.9), (2, 0.4)]
     assert (metrics["restarts"], metrics["steps_lost"], metrics["recovery_seconds"]) == (1, 4, 12.5)
     assert tags["hpml.strategy"] == "multi_worker_mirrored" and "2 workers" in tags["hpml.plan"]
-    assert tags["hpml.restarted_in_place"] == "worker-0"
+    assert tags["hpml.restarted_in_place"] == "worker-0" and metrics["rejoin_seconds"] == 3.5
     assert tags["gpipe.num_stages"] == "2" and tags["gpipe.balance"] == "[2, 2]"
     assert metrics["gpipe.measured_bubble"] == 0.25 and metrics["gpipe.expected_bubble"] == 0.2
     assert summary.outputs == {"Trainer": {"model_run": str(model_run)}}

@@ -34,6 +34,9 @@ class LaunchReport:
     restarted_in_place: list[str] = field(default_factory=list)  # processes restarted alone (PS workers)
     steps_lost: int = 0
     recovery_seconds: list[float] = field(default_factory=list)
+    # For each process restarted alone: its death noticed -> its replacement accepting connections on the old
+    # address, the earliest the coordinator can take it back (its lost closures were rescheduled, no steps lost).
+    rejoin_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -226,9 +229,25 @@ class LocalLauncher:
         report.restarted_in_place.append(proc.name)
         log.warning("restarting %s alone (%d/%d); the coordinator goes on with the other workers. It %s",
                     proc.name, report.restarts, self.max_restarts, reason.split(" ", 1)[1])
+        noticed = time.perf_counter()
         proc.kill()
         with self._lock:
-            self.processes[self.processes.index(proc)] = _Process(proc.name, proc.argv, proc.env, proc.echo)
+            replacement = _Process(proc.name, proc.argv, proc.env, proc.echo)
+            self.processes[self.processes.index(proc)] = replacement
+        threading.Thread(target=self._watch_rejoin, args=(replacement, noticed, report), daemon=True).start()
+
+    @staticmethod
+    def _watch_rejoin(proc: _Process, noticed: float, report: LaunchReport) -> None:
+        """Record when a process restarted alone serves again: its gRPC port accepts a connection."""
+        task = json.loads(proc.env["TF_CONFIG"])
+        host, port = task["cluster"][task["task"]["type"]][task["task"]["index"]].rsplit(":", 1)
+        while proc.popen.poll() is None:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1):
+                    report.rejoin_seconds.append(time.perf_counter() - noticed)
+                    return
+            except OSError:
+                time.sleep(0.05)
 
     def _stop_all(self):
         with self._lock:
