@@ -314,3 +314,28 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert launcher.wait(timeout=30) != 0
     time.sleep(0.5)
     assert not any(_alive(pid) for pid in pids.values())
+
+
+def test_exit_reason_quotes_a_crash_but_not_the_noise_before_a_kill():
+    """A process that fails by itself is reported with its last words; one killed by a signal only with the
+    signal, since whatever it logged last (TF start-up lines, say) has nothing to do with its death."""
+    import sys
+
+    from components.trainer.launchers.local import _exit_reason, _Process
+
+    crashed = _Process("worker-1", [sys.executable, "-c", "print('loading shard 3'); print('disk full'); "
+                                    "raise SystemExit(3)"], dict(os.environ), echo=lambda line: None)
+    assert crashed.popen.wait(30) == 3
+    crashed.kill()
+    assert _exit_reason(crashed, 3) == "worker-1 exited with code 3: loading shard 3 | disk full"
+
+    killed = _Process("worker-0", [sys.executable, "-u", "-c", "print('I0000 starting', flush=True); "
+                                   "import time; time.sleep(60)"], dict(os.environ), echo=lambda line: None)
+    deadline = time.time() + 30
+    while not killed.tail and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(killed.popen.pid, signal.SIGKILL)
+    assert killed.popen.wait(30) == -signal.SIGKILL
+    killed.kill()
+    assert list(killed.tail) == ["I0000 starting"]
+    assert _exit_reason(killed, -signal.SIGKILL) == "worker-0 exited with code -9 (SIGKILL)"

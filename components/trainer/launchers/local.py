@@ -102,12 +102,14 @@ class _Process:
 _EXCEPTION_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)\b.*")
 
 
-def _error_summary(lines: list[str]) -> str:
+def _error_summary(lines: list[str], tail_if_no_exception: bool = True) -> str:
     """The last exception line of a process's output and the message right after it."""
     for i in range(len(lines) - 1, -1, -1):
         if _EXCEPTION_LINE.match(lines[i].strip()):
             following = [l.strip() for l in lines[i + 1:i + 4] if l.strip() and not l.strip().startswith("[[")]
             return " ".join([lines[i].strip(), *following[:2]])[:600]
+    if not tail_if_no_exception:
+        return ""
     tail = [l.strip() for l in lines if l.strip()]
     return " | ".join(tail[-2:])[:600]
 
@@ -118,7 +120,8 @@ def _exit_reason(proc: _Process, code: int) -> str:
     reason = f"{proc.name} exited with code {code}"
     if code < 0:
         reason += f" ({signal.Signals(-code).name})"
-    summary = _error_summary(list(proc.tail))
+    # A process killed by a signal did not fail by itself: its last lines of output are unrelated log noise.
+    summary = _error_summary(list(proc.tail), tail_if_no_exception=code > 0)
     return reason + (": " + summary if summary else "")
 
 
