@@ -317,8 +317,9 @@ def test_ctrl_c_stops_every_process(tmp_path):
 
 
 def test_exit_reason_quotes_a_crash_but_not_the_noise_before_a_kill():
-    """A process that fails by itself is reported with its last words; one killed by a signal only with the
-    signal, since whatever it logged last (TF start-up lines, say) has nothing to do with its death."""
+    """A process that fails by itself (an exit code, or a crash such as SIGABRT) is reported with its last
+    words; one stopped from outside only with the signal: what it logged last (TF start-up lines, say) has
+    nothing to do with its death."""
     import sys
 
     from components.trainer.launchers.local import _exit_reason, _Process
@@ -339,3 +340,11 @@ def test_exit_reason_quotes_a_crash_but_not_the_noise_before_a_kill():
     killed.kill()
     assert list(killed.tail) == ["I0000 starting"]
     assert _exit_reason(killed, -signal.SIGKILL) == "worker-0 exited with code -9 (SIGKILL)"
+
+    abort = ("import os, resource; resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); "
+             "print('F0000 Check failed: shape ok', flush=True); os.abort()")
+    aborted = _Process("ps-0", [sys.executable, "-u", "-c", abort], dict(os.environ), echo=lambda line: None)
+    assert aborted.popen.wait(30) == -signal.SIGABRT
+    aborted.kill()
+    assert _exit_reason(aborted, -signal.SIGABRT) == \
+        "ps-0 exited with code -6 (SIGABRT): F0000 Check failed: shape ok"

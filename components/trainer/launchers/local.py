@@ -99,6 +99,7 @@ class _Process:
         self._reader.join(timeout=2)
 
 
+_STOPPED_FROM_OUTSIDE = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 _EXCEPTION_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)\b.*")
 
 
@@ -120,8 +121,9 @@ def _exit_reason(proc: _Process, code: int) -> str:
     reason = f"{proc.name} exited with code {code}"
     if code < 0:
         reason += f" ({signal.Signals(-code).name})"
-    # A process killed by a signal did not fail by itself: its last lines of output are unrelated log noise.
-    summary = _error_summary(list(proc.tail), tail_if_no_exception=code > 0)
+    # A process stopped from outside (SIGKILL, SIGTERM...) did not fail by itself: what it printed last is
+    # unrelated log noise. SIGABRT, SIGSEGV and the like are its own crash, and a fatal check says why.
+    summary = _error_summary(list(proc.tail), tail_if_no_exception=-code not in _STOPPED_FROM_OUTSIDE)
     return reason + (": " + summary if summary else "")
 
 
