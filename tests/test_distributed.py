@@ -16,6 +16,7 @@ from components.trainer.callbacks import read_progress
 from components.trainer.launchers.local import LaunchError
 
 TOY = os.path.join(os.path.dirname(__file__), "assets", "toy_run_fn.py")
+PS_BATCHES = os.path.join(os.path.dirname(__file__), "assets", "ps_batches_run_fn.py")
 
 
 def _inputs(outputs):
@@ -96,8 +97,10 @@ def test_mirrored_and_central_storage_on_exactly_two_logical_cpus(penguin_output
 
 
 def test_parameter_server_training_with_two_workers_and_one_ps(penguin_outputs, tmp_path):
+    """Through the tuned input pipeline, as the DAG wires it; the restart tests below read through TFXIO."""
     outputs = _out(tmp_path, "pss")
-    result = TRAINER.run(_inputs(penguin_outputs), outputs, {
+    inputs = dict(_inputs(penguin_outputs), input_pipeline=penguin_outputs["Transform"]["input_pipeline"])
+    result = TRAINER.run(inputs, outputs, {
         "module": "pipelines.penguin_module", "num_workers": 2, "num_ps": 1, "max_restarts": 0,
         # The module's default rate: at 0.05 Adam drives the loss to ~0 by epoch 2 and asynchronous
         # updates then throw it back up (epoch 4 at 0.0001-0.93x epoch 1 over 9 runs, one over 0.7x).
@@ -107,6 +110,25 @@ def test_parameter_server_training_with_two_workers_and_one_ps(penguin_outputs, 
     assert len(losses) == 4 and losses[-1] < 0.2 * losses[0], losses
     assert result["eval_metrics"]["accuracy"] > 0.7
     assert os.path.isfile(os.path.join(outputs["model"], "Format-Serving", "saved_model.pb"))
+
+
+@pytest.mark.parametrize("accessor", ["tfxio", "input_pipeline"])
+def test_parameter_server_workers_each_shuffle_in_their_own_order(penguin_outputs, tmp_path, accessor):
+    """One traced dataset function runs on every worker: with the module's fixed seed both workers
+    read the same examples in the same order, so 100 steps see only about 50 distinct examples.
+    Seeds drawn per worker make the two orders independent: about 100 - 50 * 50 / rows distinct."""
+    outputs = _out(tmp_path, f"ps_order_{accessor}")
+    inputs = _inputs(penguin_outputs)
+    if accessor == "input_pipeline":
+        inputs["input_pipeline"] = penguin_outputs["Transform"]["input_pipeline"]
+    result = TRAINER.run(inputs, outputs, {"module": PS_BATCHES, "num_workers": 2, "num_ps": 1, "max_restarts": 0})
+    assert result["plan"]["strategy"] == "parameter_server"
+    examples = [tuple(row) for row in json.load(open(os.path.join(outputs["model_run"], "batches.json")))]
+    rows = sum(1 for _ in tf.data.TFRecordDataset(
+        tf.io.gfile.glob(os.path.join(penguin_outputs["Transform"]["transformed_examples"], "Split-train", "*")),
+        compression_type="GZIP"))
+    assert len(examples) == 100 and rows > 150
+    assert len(set(examples)) >= 80, (len(set(examples)), rows)
 
 
 def _kill_when(ready, work: str, process: str, within_s: float) -> tuple[threading.Thread, dict]:

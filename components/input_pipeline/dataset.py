@@ -162,7 +162,7 @@ def assemble(
     batch_size: int | None = None,
     shuffle: bool = True,
     num_epochs: int | None = 1,
-    seed: int | None = None,
+    seed=None,
     label_key: str | None = None,
     transform: Callable | None = None,
     post_cache: Callable | None = None,
@@ -249,7 +249,7 @@ def build_dataset(
     batch_size: int | None = None,
     shuffle: bool = True,
     num_epochs: int | None = 1,
-    seed: int | None = None,
+    seed=None,
     transform: Callable | None = None,
     post_cache: Callable | None = None,
     cache_dir: str | None = None,
@@ -259,6 +259,7 @@ def build_dataset(
     """A batched dataset of (features, label), or of features, read from TFRecord shards as the spec says.
 
     `num_epochs=None` repeats forever; a cache is only used when the data is read more than once.
+    `seed` is an int or a scalar int64 tensor (a parameter-server worker draws its own); None draws one.
     `transform` runs before the cache, on parsed features; `post_cache` runs on each batch as yielded.
     `report`, if given, receives the shards skipped as corrupt and the disk cache location.
     """

@@ -53,13 +53,48 @@ def input_pipeline_data_accessor(spec, skipped_shards: dict | None = None) -> Da
     return DataAccessor(tf_dataset_factory, tfxio_data_accessor().record_batch_factory, None)
 
 
-def make_data_accessor(input_pipeline_dir: str | None, skipped_shards: dict | None = None) -> DataAccessor:
-    """The tuned accessor when an InputPipeline artifact is wired in, else TFX's TFXIO one."""
-    if not input_pipeline_dir:
-        return tfxio_data_accessor()
-    from components.input_pipeline import read_spec
+def worker_drawn_seed():
+    """A shuffle seed that the op draws from the OS where it runs, not from TF's global seed.
 
-    return input_pipeline_data_accessor(read_spec(input_pipeline_dir), skipped_shards)
+    The raw op with seeds 0, 0 seeds itself at random; the public random ops would derive their
+    seed from the global seed, which a traced dataset function carries to every worker alike.
+    """
+    import tensorflow as tf
+
+    return tf.raw_ops.RandomUniformInt(shape=tf.constant([], tf.int32), minval=tf.constant(1, tf.int64),
+                                       maxval=tf.constant(2**31 - 1, tf.int64), seed=0, seed2=0)
+
+
+def distinct_worker_shuffles(accessor: DataAccessor) -> DataAccessor:
+    """The accessor with each shuffled dataset's seed drawn anew wherever the dataset is made.
+
+    ParameterServerStrategy traces the dataset function once and runs it on every worker, so a
+    fixed seed gives every worker the same batches in the same order (2 workers, 200 steps: 102
+    distinct batches). Drawn per worker, each has its own order. The order is then not
+    reproducible, as the asynchronous updates already are not.
+    """
+
+    def tf_dataset_factory(file_pattern, dataset_options, schema=None):
+        if dataset_options.shuffle:
+            dataset_options = dataset_options._replace(shuffle_seed=worker_drawn_seed())
+        return accessor.tf_dataset_factory(file_pattern, dataset_options, schema)
+
+    return accessor._replace(tf_dataset_factory=tf_dataset_factory)
+
+
+def make_data_accessor(input_pipeline_dir: str | None, skipped_shards: dict | None = None,
+                       strategy: str | None = None) -> DataAccessor:
+    """The tuned accessor when an InputPipeline artifact is wired in, else TFX's TFXIO one.
+
+    Under parameter_server its shuffled datasets take a seed drawn on each worker.
+    """
+    if not input_pipeline_dir:
+        accessor = tfxio_data_accessor()
+    else:
+        from components.input_pipeline import read_spec
+
+        accessor = input_pipeline_data_accessor(read_spec(input_pipeline_dir), skipped_shards)
+    return distinct_worker_shuffles(accessor) if strategy == "parameter_server" else accessor
 
 
 @dataclass
