@@ -286,6 +286,22 @@ def test_worker_count_needs_a_cluster_strategy(penguin_outputs, tmp_path):
                     {"module": TOY, "num_workers": 2, "strategy": "mirrored"})
 
 
+def _proc_state(pid: int) -> str:
+    """The kernel's state letter and wait channel for `pid` (D: uninterruptible), or 'gone'."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/wchan") as wchan:
+            return f"{stat.read().rsplit(')', 1)[1].split()[0]} {wchan.read()}"
+    except OSError:
+        return "gone"
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -328,14 +344,26 @@ def test_ctrl_c_stops_every_process(tmp_path):
                                            "base_model": None, "hyperparameters": {}, "custom_config": {}}}))
     script = ("import sys; from components.trainer.launchers.local import LocalLauncher; "
               f"LocalLauncher(2, max_restarts=0).run({str(job)!r}, {str(tmp_path)!r})")
-    launcher = subprocess.Popen([sys.executable, "-c", script])
+    # -X faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack (seen once in CI).
+    with open(tmp_path / "launcher.err", "w") as stderr:
+        launcher = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", script], stderr=stderr)
     deadline = time.time() + 60
     while not (tmp_path / "pids.json").exists() and time.time() < deadline:
         time.sleep(0.1)
     pids = json.load(open(tmp_path / "pids.json"))
     assert len(pids) == 2 and all(_alive(p) for p in pids.values())
     launcher.send_signal(signal.SIGINT)
-    assert launcher.wait(timeout=30) != 0
+    try:
+        launcher.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        states = {name: _proc_state(pid) for name, pid in pids.items()}
+        launcher.send_signal(signal.SIGABRT)
+        launcher.wait(timeout=30)
+        stacks = (tmp_path / "launcher.err").read_text()
+        for pid in pids.values():
+            _kill_group(pid)
+        pytest.fail(f"the launcher did not stop within 30 s of SIGINT; workers {states}; its stacks:\n{stacks[-6000:]}")
+    assert launcher.returncode != 0
     time.sleep(0.5)
     assert not any(_alive(pid) for pid in pids.values())
 
