@@ -342,9 +342,12 @@ def test_ctrl_c_stops_every_process(tmp_path):
                                            "transform_graph_path": None, "serving_model_dir": str(tmp_path / "m"),
                                            "eval_model_dir": str(tmp_path / "e"), "model_run_dir": str(tmp_path),
                                            "base_model": None, "hyperparameters": {}, "custom_config": {}}}))
-    script = ("import sys; from components.trainer.launchers.local import LocalLauncher; "
+    # As from a terminal: a shell's background job (`cmd &`, no job control) inherits SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt, so the launcher starts with Python's own handler.
+    script = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "from components.trainer.launchers.local import LocalLauncher; "
               f"LocalLauncher(2, max_restarts=0).run({str(job)!r}, {str(tmp_path)!r})")
-    # -X faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack (seen once in CI).
+    # -X faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack.
     with open(tmp_path / "launcher.err", "w") as stderr:
         launcher = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", script], stderr=stderr)
     deadline = time.time() + 60
