@@ -329,7 +329,8 @@ def test_no_process_outlives_a_failed_job(penguin_outputs, tmp_path):
     assert not any(_alive(pid) for pid in pids.values()), "the sleeping worker must have been stopped"
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
+def _start_sleeping_cluster(tmp_path, prelude: str = ""):
+    """A real local launcher running two workers whose run_fn sleeps; returns it and the workers' pids."""
     import subprocess
     import sys
 
@@ -342,10 +343,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
                                            "transform_graph_path": None, "serving_model_dir": str(tmp_path / "m"),
                                            "eval_model_dir": str(tmp_path / "e"), "model_run_dir": str(tmp_path),
                                            "base_model": None, "hyperparameters": {}, "custom_config": {}}}))
-    # As from a terminal: a shell's background job (`cmd &`, no job control) inherits SIGINT ignored,
-    # and Python then never raises KeyboardInterrupt, so the launcher starts with Python's own handler.
-    script = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "from components.trainer.launchers.local import LocalLauncher; "
+    script = (f"{prelude}from components.trainer.launchers.local import LocalLauncher; "
               f"LocalLauncher(2, max_restarts=0).run({str(job)!r}, {str(tmp_path)!r})")
     # -X faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack.
     with open(tmp_path / "launcher.err", "w") as stderr:
@@ -355,7 +353,12 @@ def test_ctrl_c_stops_every_process(tmp_path):
         time.sleep(0.1)
     pids = json.load(open(tmp_path / "pids.json"))
     assert len(pids) == 2 and all(_alive(p) for p in pids.values())
-    launcher.send_signal(signal.SIGINT)
+    return launcher, pids
+
+
+def _wait_for_launcher(launcher, pids, tmp_path, sent: str) -> None:
+    import subprocess
+
     try:
         launcher.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -365,10 +368,67 @@ def test_ctrl_c_stops_every_process(tmp_path):
         stacks = (tmp_path / "launcher.err").read_text()
         for pid in pids.values():
             _kill_group(pid)
-        pytest.fail(f"the launcher did not stop within 30 s of SIGINT; workers {states}; its stacks:\n{stacks[-6000:]}")
+        pytest.fail(f"the launcher did not stop within 30 s of {sent}; workers {states}; its stacks:\n{stacks[-6000:]}")
+
+
+def _wait_gone(pids: dict[str, int], timeout: float = 15.0) -> dict[str, int]:
+    """The workers still alive after `timeout` seconds (killed here, so none is left behind)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(_alive(pid) for pid in pids.values()):
+        time.sleep(0.1)
+    alive = {name: pid for name, pid in pids.items() if _alive(pid)}
+    for pid in alive.values():
+        _kill_group(pid)
+    return alive
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    # As from a terminal: a shell's background job (`cmd &`, no job control) inherits SIGINT ignored,
+    # and Python then never raises KeyboardInterrupt, so the launcher starts with Python's own handler.
+    launcher, pids = _start_sleeping_cluster(
+        tmp_path, prelude="import signal; signal.signal(signal.SIGINT, signal.default_int_handler); ")
+    launcher.send_signal(signal.SIGINT)
+    _wait_for_launcher(launcher, pids, tmp_path, "SIGINT")
     assert launcher.returncode != 0
-    time.sleep(0.5)
-    assert not any(_alive(pid) for pid in pids.values())
+    assert _wait_gone(pids, timeout=0.5) == {}
+
+
+def test_sigterm_stops_every_process(tmp_path):
+    """`kill PID`, a service manager, or a container runtime stopping the launcher: it stops its workers
+    before it exits, and says why it stopped."""
+    launcher, pids = _start_sleeping_cluster(tmp_path)
+    launcher.send_signal(signal.SIGTERM)
+    _wait_for_launcher(launcher, pids, tmp_path, "SIGTERM")
+    assert launcher.returncode != 0
+    assert _wait_gone(pids, timeout=0.5) == {}
+    assert "stopped by SIGTERM" in (tmp_path / "launcher.err").read_text()
+
+
+def test_no_worker_outlives_a_killed_launcher(tmp_path):
+    """SIGKILL (the OOM killer; Airflow 5 s after its SIGTERM) runs no cleanup in the launcher: each
+    worker must notice its parent is gone and exit by itself."""
+    launcher, pids = _start_sleeping_cluster(tmp_path)
+    launcher.kill()
+    launcher.wait(timeout=30)
+    assert _wait_gone(pids, timeout=15) == {}
+
+
+def test_airflow_style_sigterm_then_sigkill_leaves_no_worker(tmp_path):
+    """What Airflow 3's task runner does when a running task is marked failed or its heartbeat is
+    refused: SIGTERM, whose handler only calls the operator's on_kill() and returns, then SIGKILL 5 s
+    later. The launcher must still take its workers down within that grace."""
+    prelude = ("import signal; calls = []; "
+               "signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum)); ")
+    launcher, pids = _start_sleeping_cluster(tmp_path, prelude=prelude)
+    launcher.send_signal(signal.SIGTERM)
+    deadline = time.time() + 5
+    while time.time() < deadline and launcher.poll() is None:
+        time.sleep(0.1)
+    stopped_in_grace = launcher.poll() is not None
+    launcher.kill()
+    launcher.wait(timeout=30)
+    alive = _wait_gone(pids, timeout=0.5)
+    assert stopped_in_grace and alive == {}, (stopped_in_grace, alive)
 
 
 def test_exit_reason_quotes_a_crash_but_not_the_noise_before_a_kill():

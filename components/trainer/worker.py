@@ -25,6 +25,10 @@ def _serve(config: dict) -> None:
 def main(job_path: str) -> int:
     import logging
 
+    from components.trainer.launchers.stopping import die_with_launcher
+
+    die_with_launcher()  # first: TensorFlow's import alone takes seconds
+
     logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
     if "://" in job_path:  # e.g. gs:// on Vertex AI
         import tensorflow as tf

@@ -5,7 +5,8 @@ per-process prefix. The first process to fail stops the whole cluster; the launc
 restarts it (BackupAndRestore resumes training) up to `max_restarts` times. The exception is a
 worker under parameter servers: the coordinator carries on with the other workers and takes the
 dead one back once it serves again, so only that worker is restarted, on its old address. No
-process is left behind on success, failure or Ctrl-C.
+process is left behind on success, failure, Ctrl-C or SIGTERM, and each worker dies with the launcher
+even when the launcher is killed outright (SIGKILL).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from components.errors import HpmlError
 from components.trainer.callbacks import read_progress
+from components.trainer.launchers.stopping import LAUNCHER_PID_ENV, sigterm_raises
 
 log = logging.getLogger("hpml.launcher")
 
@@ -70,6 +72,10 @@ def cluster_spec(num_workers: int, num_ps: int, with_chief: bool) -> dict[str, l
     return spec
 
 
+# Shared by every process being stopped, and well inside the 5 s Airflow allows after its SIGTERM.
+STOP_GRACE_S = 3.0
+
+
 class _Process:
     def __init__(self, name: str, argv: list[str], env: dict, echo):
         self.name, self.argv, self.env, self.echo = name, argv, env, echo
@@ -85,18 +91,29 @@ class _Process:
             self.tail.append(line)
             echo(f"[{self.name}] {line}")
 
-    def kill(self, grace: float = 3.0):
+    def terminate(self) -> None:
+        """SIGTERM to the process's whole session: TF may have started helpers of its own."""
         if self.popen.poll() is None:
             try:
                 os.killpg(self.popen.pid, signal.SIGTERM)
-                self.popen.wait(grace)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.popen.wait()
+            except ProcessLookupError:
+                pass
+
+    def reap(self, deadline: float) -> None:
+        """Wait for it until `deadline` (time.monotonic()), then SIGKILL its session."""
+        try:
+            self.popen.wait(max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.popen.wait()
         self._reader.join(timeout=2)
+
+    def kill(self, grace: float = STOP_GRACE_S) -> None:
+        self.terminate()
+        self.reap(time.monotonic() + grace)
 
 
 _STOPPED_FROM_OUTSIDE = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
@@ -155,24 +172,25 @@ class LocalLauncher:
     def run(self, job_path: str, progress_dir: str) -> LaunchReport:
         report = LaunchReport()
         started = time.perf_counter()
-        try:
-            while True:
-                failure = self._attempt(job_path, report)
-                if failure is None:
-                    break
-                report.failures.append(failure)
-                before = read_progress(progress_dir)
-                failed_at = time.perf_counter()
-                if report.restarts >= self.max_restarts:
-                    raise LaunchError(f"training failed after {report.restarts} restart(s): {failure}",
-                                      hint="the backup is kept: a retry of this task resumes from it")
-                report.restarts += 1
-                log.warning("restarting the cluster (%d/%d) after: %s", report.restarts, self.max_restarts, failure)
-                self._watch_recovery(report, before, failed_at, progress_dir)
-            report.seconds = time.perf_counter() - started
-            return report
-        finally:
-            self._stop_all()
+        with sigterm_raises("the local training cluster"):
+            try:
+                while True:
+                    failure = self._attempt(job_path, report)
+                    if failure is None:
+                        break
+                    report.failures.append(failure)
+                    before = read_progress(progress_dir)
+                    failed_at = time.perf_counter()
+                    if report.restarts >= self.max_restarts:
+                        raise LaunchError(f"training failed after {report.restarts} restart(s): {failure}",
+                                          hint="the backup is kept: a retry of this task resumes from it")
+                    report.restarts += 1
+                    log.warning("restarting the cluster (%d/%d) after: %s", report.restarts, self.max_restarts, failure)
+                    self._watch_recovery(report, before, failed_at, progress_dir)
+                report.seconds = time.perf_counter() - started
+                return report
+            finally:
+                self._stop_all()
 
     def _watch_recovery(self, report, before, failed_at, progress_dir):
         """Once the restarted chief moves past its resume point, record steps lost and recovery time."""
@@ -199,7 +217,8 @@ class LocalLauncher:
             for role, addresses in spec.items():
                 for index in range(len(addresses)):
                     env = dict(os.environ, TF_CONFIG=json.dumps(
-                        {"cluster": spec, "task": {"type": role, "index": index}}), PYTHONUNBUFFERED="1")
+                        {"cluster": spec, "task": {"type": role, "index": index}}), PYTHONUNBUFFERED="1",
+                        **{LAUNCHER_PID_ENV: str(os.getpid())})
                     argv = [sys.executable, "-m", "components.trainer.worker", job_path]
                     self.processes.append(_Process(f"{role}-{index}", argv, env, self._echo))
         pids_path = os.path.join(os.path.dirname(job_path), "pids.json")
@@ -255,6 +274,10 @@ class LocalLauncher:
                 time.sleep(0.05)
 
     def _stop_all(self):
+        """SIGTERM every process first, then wait for them all against one deadline."""
         with self._lock:
             for proc in self.processes:
-                proc.kill()
+                proc.terminate()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc in self.processes:
+                proc.reap(deadline)

@@ -1,0 +1,81 @@
+"""How a launcher and its processes stop together, however the launcher is stopped.
+
+Python's default SIGTERM action ends the process at once, without running `finally` blocks, and
+Airflow 3's task runner installs a SIGTERM handler that only calls the operator's `on_kill()` and
+returns, then sends SIGKILL 5 s later. Either way a launcher would leave its workers (or its cluster
+job) running. While `sigterm_raises()` is active, the first SIGTERM raises `Stopped` instead, so the
+launcher's `finally` takes its job down. Against SIGKILL, which no handler sees, each local worker
+calls `die_with_launcher()`: the kernel kills it when the launcher goes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+from components.errors import HpmlError
+
+
+# Set by the local launcher in each worker's environment: the pid the worker must not outlive.
+LAUNCHER_PID_ENV = "HPML_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class Stopped(HpmlError):
+    """The launcher was told to stop (SIGTERM) while its job ran."""
+
+
+@contextmanager
+def sigterm_raises(what: str) -> Iterator[None]:
+    """In the main thread, the first SIGTERM raises `Stopped` there; a handler already installed (Airflow's)
+    runs first, and later SIGTERMs only reach that handler so the clean-up is not cut short.
+
+    A process that was started with SIGTERM ignored keeps ignoring it. Elsewhere than the main thread
+    Python cannot handle signals, so this does nothing there.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        yield
+        return
+    raised = False
+
+    def on_sigterm(signum, frame):
+        nonlocal raised
+        if callable(previous):
+            previous(signum, frame)
+        if not raised:
+            raised = True
+            raise Stopped(f"{what} was stopped by SIGTERM",
+                          hint="what it started was stopped with it; a retry of this task resumes from the last backup")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def die_with_launcher() -> None:
+    """Ask Linux to SIGKILL this process when the launcher named in HPML_LAUNCHER_PID dies, and exit now if it
+    is already gone. A no-op without that variable (remote workers) or off Linux.
+
+    The kernel sends the signal when the thread that started this process exits; the local launcher
+    starts every worker from the thread that runs it, and stops them all before it returns.
+    """
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(launcher):  # it died before the request above: nothing will signal us now
+        sys.stderr.write(f"the launcher (pid {launcher}) is gone; this worker exits\n")
+        os._exit(1)
