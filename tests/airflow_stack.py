@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -112,11 +113,27 @@ class AirflowStack:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())["access_token"]
 
-    def api(self, path: str) -> dict:
-        request = urllib.request.Request(f"{self.url}/api/v2/{path}",
-                                         headers={"Authorization": f"Bearer {self.token()}"})
+    def api(self, path: str, method: str = "GET", body: dict | None = None) -> dict:
+        request = urllib.request.Request(f"{self.url}/api/v2/{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Authorization": f"Bearer {self.token()}",
+                                                  "Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
+        found = self.api(f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances")
+        return {t["task_id"]: t["state"] for t in found["task_instances"]}
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float) -> dict:
+        """Until the run succeeded or failed; returns it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = self.api(f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}")
+            if run["state"] in ("success", "failed"):
+                return run
+            time.sleep(3)
+        raise TimeoutError(f"run {run_id} did not finish in {timeout:.0f}s; logs in {self.logs}")
 
     def stop(self) -> None:
         for process in self.processes:

@@ -68,3 +68,15 @@ def write_csv(path, header: str, rows: list[str]) -> str:
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(header + "\n" + "".join(r + "\n" for r in rows))
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    """A real Airflow (api-server, scheduler, dag-processor) on loopback with the project's DAGs, manual runs only;
+    shared by the browser tests and the tests that stop a running task."""
+    from airflow_stack import AirflowStack
+
+    airflow = AirflowStack(tmp_path_factory.mktemp("airflow-ui"), {"HPML_SCHEDULE": "none"}).start()
+    airflow.wait_for_dag("penguin")
+    yield airflow
+    airflow.stop()

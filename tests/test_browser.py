@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_stack import PASSWORD, USERNAME, AirflowStack
+from airflow_stack import PASSWORD, USERNAME
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -21,14 +21,6 @@ RUN_TIMEOUT_S = 600
 
 if not os.path.exists(CHROMIUM):
     pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium", pytrace=False)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    airflow = AirflowStack(tmp_path_factory.mktemp("airflow-ui"), {"HPML_SCHEDULE": "none"}).start()
-    airflow.wait_for_dag("penguin")
-    yield airflow
-    airflow.stop()
 
 
 @pytest.fixture(scope="module")
@@ -84,21 +76,6 @@ def _trigger(page, dialog) -> str:
     return response.json()["dag_run_id"]
 
 
-def _wait_for_run(stack, run_id: str) -> dict:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        run = stack.api(f"dags/penguin/dagRuns/{urllib.parse.quote(run_id, safe='')}")
-        if run["state"] in ("success", "failed"):
-            return run
-        time.sleep(3)
-    raise TimeoutError(f"run {run_id} did not finish in {RUN_TIMEOUT_S}s; logs in {stack.logs}")
-
-
-def _task_states(stack, run_id: str) -> dict:
-    found = stack.api(f"dags/penguin/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances")
-    return {t["task_id"]: t["state"] for t in found["task_instances"]}
-
-
 def test_form_trigger_runs_the_pipeline_with_exactly_those_values(page, stack):
     from pipelines import records
 
@@ -111,11 +88,11 @@ def test_form_trigger_runs_the_pipeline_with_exactly_those_values(page, stack):
     dialog.screenshot(path=SHOTS / "02-trigger-form.png")
     run_id = _trigger(page, dialog)
 
-    run = _wait_for_run(stack, run_id)
+    run = stack.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
     page.goto(f"{stack.url}/dags/penguin/runs/{urllib.parse.quote(run_id, safe='')}")
     page.get_by_text("finish_run").first.wait_for()
     page.screenshot(path=SHOTS / "03-finished-run.png", full_page=True)
-    assert run["state"] == "success", (_task_states(stack, run_id), stack.logs)
+    assert run["state"] == "success", (stack.task_states("penguin", run_id), stack.logs)
     assert run["conf"]["epochs"] == 2 and run["conf"]["strategy"] == "mirrored"
 
     mlflow_run_id = records.find("airflow.run_id", run_id, "penguin")
@@ -138,12 +115,13 @@ def test_form_refuses_invalid_values(page, stack):
     data_path.fill("/etc/passwd")
     data_path.blur()  # commit the field before the click, so no re-render lands between press and release
     run_id = _trigger(page, dialog)
-    run = _wait_for_run(stack, run_id)
+    run = stack.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
     assert run["conf"]["data_path"] == "/etc/passwd" and run["conf"]["epochs"] == 1, run["conf"]
     assert run["state"] == "failed"
-    states = _task_states(stack, run_id)
+    states = stack.task_states("penguin", run_id)
     assert states["start_run"] == "failed" and states["ExampleGen"] == "upstream_failed"
     page.goto(f"{stack.url}/dags/penguin/runs/{urllib.parse.quote(run_id, safe='')}/tasks/start_run")
     message = page.get_by_text("outside the allowed data roots").first
     message.wait_for()
     page.screenshot(path=SHOTS / "04-refused-value.png", full_page=True)
+
