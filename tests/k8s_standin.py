@@ -1,7 +1,7 @@
 """A loopback stand-in for a Kubernetes API server with Kubeflow's training operator behind it.
 
 No cluster is reachable from the test machines. This stand-in answers the two TFJob calls the
-Trainer makes through the real kubernetes client (create; read status), and does what the
+Trainer makes through the real kubernetes client (create; read status; delete), and does what the
 training operator does with a created TFJob: it starts every replica's container command, with
 the container's env and a TF_CONFIG naming the replica's role and index in the job's cluster,
 as a local process (the "image" is this checkout; `python` is this interpreter). Status follows
@@ -25,6 +25,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _ROLES = {"Chief": "chief", "Worker": "worker", "PS": "ps"}
 _COLLECTION = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/tfjobs$")
 _STATUS = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/tfjobs/([^/]+)/status$")
+_OBJECT = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/tfjobs/([^/?]+)(\?.*)?$")
 
 
 def reply_json(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
@@ -63,6 +64,7 @@ class TrainingOperatorStandIn:
         self.workdir = Path(workdir)
         self.jobs: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []
+        self.deleted: list[str] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.kubeconfig = self.workdir / "kubeconfig"
 
@@ -147,9 +149,19 @@ class TrainingOperatorStandIn:
             def do_GET(self):
                 operator.requests.append(("GET", self.path))
                 match = _STATUS.match(self.path)
-                if not match or match.group(2) not in operator.jobs:
+                if not match or match.group(2) not in operator.jobs or match.group(2) in operator.deleted:
                     return self._reply(404, {"kind": "Status", "message": f"no TFJob at {self.path}"})
                 name = match.group(2)
                 return self._reply(200, {**operator.jobs[name]["manifest"], "status": operator.status(name)})
+
+            def do_DELETE(self):
+                operator.requests.append(("DELETE", self.path))
+                match = _OBJECT.match(self.path)
+                if not match or match.group(2) not in operator.jobs:
+                    return self._reply(404, {"kind": "Status", "reason": "NotFound", "code": 404})
+                for replica in operator.jobs[match.group(2)]["replicas"]:  # the pods it owns go with it
+                    replica.stop()
+                operator.deleted.append(match.group(2))
+                return self._reply(200, {"kind": "Status", "status": "Success"})
 
         return Handler

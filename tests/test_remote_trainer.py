@@ -108,3 +108,62 @@ def test_penguin_pipeline_trains_on_the_cluster_the_deployment_configures(airflo
     with pytest.raises(SpecError, match="needs cluster.image"):
         runner.start(PIPELINE, {"launcher": "kubernetes"})
     assert len(operator.jobs) == 1
+
+
+SLEEPER = "import time\n\ndef run_fn(fn_args):\n    time.sleep(300)\n"
+
+
+def test_a_tfjob_that_outlives_its_timeout_is_deleted(penguin_outputs, operator, tmp_path):
+    """A job still running when the Trainer stops waiting would hold its accelerators on for nothing, and a
+    retry of the task would start a second one beside it."""
+    module = tmp_path / "sleeper.py"
+    module.write_text(SLEEPER)
+    out = _out(tmp_path, "slow")
+    cluster = {"image": IMAGE, "namespace": "ml", "poll_seconds": 0.2, "timeout_seconds": 3}
+    with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+ did not finish within 3s"):
+        TRAINER.run(_inputs(penguin_outputs), out, _params(module=str(module), cluster=cluster))
+    (name,) = operator.jobs
+    assert operator.deleted == [name]
+    assert ("DELETE", f"/apis/kubeflow.org/v1/namespaces/ml/tfjobs/{name}") in \
+        [(method, path.split("?")[0]) for method, path in operator.requests]
+    assert all(r.popen.poll() is not None for r in operator.jobs[name]["replicas"])
+    assert not os.path.exists(out["model"])
+
+
+def test_a_failed_tfjob_is_kept_for_its_logs(penguin_outputs, operator, tmp_path):
+    module = tmp_path / "broken.py"
+    module.write_text("def run_fn(fn_args):\n    raise RuntimeError('bad shard')\n")
+    with pytest.raises(HpmlError, match="bad shard"):
+        TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "broken"), _params(module=str(module)))
+    assert len(operator.jobs) == 1 and operator.deleted == []
+
+
+def test_a_trainer_stopped_with_sigterm_deletes_its_tfjob(penguin_outputs, operator, tmp_path):
+    """Airflow stops a task it no longer wants (marked failed, heartbeat refused) with SIGTERM."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    module = tmp_path / "sleeper.py"
+    module.write_text(SLEEPER)
+    out = _out(tmp_path, "stopped")
+    args = json.dumps([_inputs(penguin_outputs), out, _params(module=str(module))])
+    script = f"import json; from components.trainer import TRAINER; TRAINER.run(*json.loads({args!r}))"
+    with open(tmp_path / "trainer.err", "w") as stderr:
+        trainer = subprocess.Popen([sys.executable, "-c", script], stderr=stderr)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+            operator.jobs and all(r.popen.poll() is None for job in operator.jobs.values() for r in job["replicas"])
+            and trainer.poll() is None):
+        time.sleep(0.2)
+    assert trainer.poll() is None and len(operator.jobs) == 1, (tmp_path / "trainer.err").read_text()[-3000:]
+    (name,) = operator.jobs
+    trainer.send_signal(signal.SIGTERM)
+    assert trainer.wait(timeout=60) != 0
+    err = (tmp_path / "trainer.err").read_text()
+    assert f"the Trainer waiting on TFJob ml/{name} was stopped by SIGTERM" in err, err[-3000:]
+    assert operator.deleted == [name]
+    assert all(r.popen.poll() is not None for r in operator.jobs[name]["replicas"])
+    assert not os.path.exists(out["model"])

@@ -1,7 +1,8 @@
 """Kubernetes launcher: render a Kubeflow TFJob, submit it with the kubernetes client, wait for it.
 
 The training operator creates the pods and gives each its TF_CONFIG; our worker entry point
-does the rest, exactly as on loopback.
+does the rest, exactly as on loopback. A job whose wait ends before the job does (a timeout, the
+Trainer task stopped or interrupted) is deleted, so it cannot hold its accelerators on after the task.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import yaml
 
 from components.errors import HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
+from components.trainer.launchers.stopping import sigterm_raises
 
 log = logging.getLogger("hpml.launcher.kubernetes")
 
@@ -63,6 +65,10 @@ def submit(manifest: dict, api_client) -> str:
     return created["metadata"]["name"]
 
 
+class TFJobFailed(HpmlError):
+    """The TFJob reached its Failed condition: the training operator has stopped its pods."""
+
+
 def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, poll_s: float = 10.0) -> dict:
     """Poll the TFJob's conditions until it Succeeded (returns its status) or Failed (raises)."""
     from kubernetes import client
@@ -83,7 +89,42 @@ def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, po
             return status
         if latest == "Failed":
             message = conditions[-1].get("message", "")
-            raise HpmlError(f"TFJob {namespace}/{name} failed: {message}",
+            raise TFJobFailed(f"TFJob {namespace}/{name} failed: {message}",
                             hint=f"kubectl -n {namespace} logs -l training.kubeflow.org/job-name={name}")
         time.sleep(poll_s)
     raise HpmlError(f"TFJob {namespace}/{name} did not finish within {timeout_s:.0f}s")
+
+
+def delete(name: str, namespace: str, api_client) -> None:
+    """Delete the TFJob; the pods it owns go with it. One already gone is fine."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    api = client.CustomObjectsApi(api_client)
+    try:
+        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background",
+                                            _request_timeout=REQUEST_TIMEOUT_S)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def run(manifest: dict, api_client, timeout_s: float, poll_s: float) -> tuple[str, dict]:
+    """Submit the TFJob and wait until it succeeds (returns its name and status) or fails (raises). When the
+    wait ends first, the job is deleted before the error goes on: a failed job is kept for its logs."""
+    namespace = manifest["metadata"]["namespace"]
+    name = submit(manifest, api_client)
+    log.info("submitted TFJob %s/%s", namespace, name)
+    with sigterm_raises(f"the Trainer waiting on TFJob {namespace}/{name}"):
+        try:
+            return name, wait(name, namespace, api_client, timeout_s=timeout_s, poll_s=poll_s)
+        except TFJobFailed:
+            raise
+        except BaseException as err:
+            log.warning("deleting TFJob %s/%s: the wait for it ended first (%s)", namespace, name,
+                        type(err).__name__)
+            try:
+                delete(name, namespace, api_client)
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                log.exception("could not delete TFJob %s/%s: delete it by hand", namespace, name)
+            raise

@@ -103,11 +103,8 @@ def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob) -> dict:
         from components.trainer.launchers import kubernetes as k8s
 
         api = kubernetes_api_client(cluster.kube_context)
-        manifest = k8s.render(job, cluster.namespace)
-        name = k8s.submit(manifest, api)
-        log.info("submitted TFJob %s/%s (%s)", cluster.namespace, name, job.strategy)
-        status = k8s.wait(name, cluster.namespace, api, timeout_s=cluster.timeout_seconds,
-                          poll_s=cluster.poll_seconds)
+        name, status = k8s.run(k8s.render(job, cluster.namespace), api, timeout_s=cluster.timeout_seconds,
+                               poll_s=cluster.poll_seconds)
         return {"launcher": "kubernetes", "job": f"{cluster.namespace}/{name}",
                 "replicas": job.roles(), "seconds": time.monotonic() - started,
                 "conditions": [c.get("type") for c in status.get("conditions", [])]}
