@@ -1,6 +1,6 @@
 """A loopback stand-in for a Kubernetes API server with Kubeflow's training operator behind it.
 
-No cluster is reachable from the test machines. This stand-in answers the two TFJob calls the
+No cluster is reachable from the test machines. This stand-in answers the three TFJob calls the
 Trainer makes through the real kubernetes client (create; read status; delete), and does what the
 training operator does with a created TFJob: it starts every replica's container command, with
 the container's env and a TF_CONFIG naming the replica's role and index in the job's cluster,
@@ -11,79 +11,34 @@ or Failed with the failing replica's last lines.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from http.server import BaseHTTPRequestHandler
 
 from components.trainer.launchers.local import free_ports
+from tests.loopback_jobs import LoopbackJobService, Replica, reply_json
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _ROLES = {"Chief": "chief", "Worker": "worker", "PS": "ps"}
 _COLLECTION = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/tfjobs$")
 _STATUS = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/tfjobs/([^/]+)/status$")
 _OBJECT = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/tfjobs/([^/?]+)(\?.*)?$")
 
 
-def reply_json(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
-    """Answer an HTTP request with a JSON body, as the API server does."""
-    data = json.dumps(body).encode()
-    handler.send_response(code)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
-class _Replica:
-    def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
-        self.name, self.log_path = name, log_path
-        self.log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(argv, env=env, cwd=PROJECT_ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-
-    def tail(self, lines: int = 3) -> str:
-        text = [line for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-                if line.strip()]
-        return " | ".join(text[-lines:])
-
-    def stop(self):
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
-        self.log.close()
-
-
-class TrainingOperatorStandIn:
+class TrainingOperatorStandIn(LoopbackJobService):
     """Start with `with TrainingOperatorStandIn(tmp) as operator:`; `operator.kubeconfig` points the client at it."""
 
-    def __init__(self, workdir: Path):
-        self.workdir = Path(workdir)
-        self.jobs: dict[str, dict] = {}
-        self.requests: list[tuple[str, str]] = []
+    def __init__(self, workdir):
+        super().__init__(workdir, self._handler())
         self.deleted: list[str] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.kubeconfig = self.workdir / "kubeconfig"
 
     def __enter__(self):
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "standin",
-            "clusters": [{"name": "standin", "cluster": {"server": f"http://127.0.0.1:{self.server.server_port}"}}],
+            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
             "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
             "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "tester"}}],
         }))
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-        for job in self.jobs.values():
-            for replica in job["replicas"]:
-                replica.stop()
+        return super().__enter__()
 
     def _start(self, manifest: dict) -> None:
         specs = manifest["spec"]["tfReplicaSpecs"]
@@ -93,13 +48,12 @@ class TrainingOperatorStandIn:
         replicas = []
         for role, spec in roles:
             container = spec["template"]["spec"]["containers"][0]
-            command = [sys.executable if part == "python" else part for part in container["command"]]
+            env = {e["name"]: e["value"] for e in container.get("env", [])}
             for index in range(spec["replicas"]):
-                env = dict(os.environ, **{e["name"]: e["value"] for e in container.get("env", [])},
-                           TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}))
                 name = f"{role}-{index}"
-                log_path = self.workdir / f"{manifest['metadata']['name']}-{name}.log"
-                replicas.append(_Replica(name, command, env, log_path))
+                replicas.append(Replica(name, container["command"], env,
+                                        {"cluster": cluster, "task": {"type": role, "index": index}},
+                                        self.workdir / f"{manifest['metadata']['name']}-{name}.log"))
         parameter_server = "ps" in cluster
         self.jobs[manifest["metadata"]["name"]] = {
             "manifest": manifest, "replicas": replicas, "cluster": cluster,

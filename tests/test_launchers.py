@@ -17,7 +17,7 @@ from components.errors import HpmlError, SpecError
 from components.trainer.launchers import kubernetes as k8s
 from components.trainer.launchers import vertex
 from components.trainer.launchers.cluster_job import ClusterJob
-from tests.k8s_standin import reply_json
+from tests.loopback_jobs import reply_json
 
 SHARED = Path(os.environ.get("HPML_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 

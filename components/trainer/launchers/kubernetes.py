@@ -15,7 +15,7 @@ import yaml
 
 from components.errors import HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
-from components.trainer.launchers.stopping import sigterm_raises
+from components.trainer.launchers.stopping import wait_or_stop_job
 
 log = logging.getLogger("hpml.launcher.kubernetes")
 
@@ -115,16 +115,7 @@ def run(manifest: dict, api_client, timeout_s: float, poll_s: float) -> tuple[st
     namespace = manifest["metadata"]["namespace"]
     name = submit(manifest, api_client)
     log.info("submitted TFJob %s/%s", namespace, name)
-    with sigterm_raises(f"the Trainer waiting on TFJob {namespace}/{name}"):
-        try:
-            return name, wait(name, namespace, api_client, timeout_s=timeout_s, poll_s=poll_s)
-        except TFJobFailed:
-            raise
-        except BaseException as err:
-            log.warning("deleting TFJob %s/%s: the wait for it ended first (%s)", namespace, name,
-                        type(err).__name__)
-            try:
-                delete(name, namespace, api_client)
-            except Exception:  # noqa: BLE001 - the first error is the one to report
-                log.exception("could not delete TFJob %s/%s: delete it by hand", namespace, name)
-            raise
+    status = wait_or_stop_job(f"TFJob {namespace}/{name}",
+                              lambda: wait(name, namespace, api_client, timeout_s=timeout_s, poll_s=poll_s),
+                              lambda: delete(name, namespace, api_client), job_ended=TFJobFailed)
+    return name, status

@@ -9,14 +9,18 @@ calls `die_with_launcher()`: the kernel kills it when the launcher goes.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from components.errors import HpmlError
+
+log = logging.getLogger("hpml.launcher")
+T = TypeVar("T")
 
 
 # Set by the local launcher in each worker's environment: the pid the worker must not outlive.
@@ -79,3 +83,22 @@ def die_with_launcher() -> None:
     if os.getppid() != int(launcher):  # it died before the request above: nothing will signal us now
         sys.stderr.write(f"the launcher (pid {launcher}) is gone; this worker exits\n")
         os._exit(1)
+
+
+def wait_or_stop_job(job: str, wait: Callable[[], T], stop_job: Callable[[], None],
+                     job_ended: type[BaseException]) -> T:
+    """Wait for a remote job with SIGTERM raising. When the wait ends before the job does (a timeout,
+    SIGTERM, Ctrl-C, an API error) `stop_job` runs before the error goes on, so the job cannot run on
+    unwatched; `job_ended` (the job's own failure) leaves the job as it is, for its logs."""
+    with sigterm_raises(f"the Trainer waiting on {job}"):
+        try:
+            return wait()
+        except job_ended:
+            raise
+        except BaseException as err:
+            log.warning("stopping %s: the wait for it ended first (%s)", job, type(err).__name__)
+            try:
+                stop_job()
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                log.exception("could not stop %s: stop it by hand", job)
+            raise
