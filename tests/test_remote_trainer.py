@@ -1,10 +1,12 @@
-"""The Trainer drives a remote launch end to end: it writes the job file, renders a TFJob, submits
-it through the real kubernetes client, waits, and publishes the model the replicas wrote.
+"""The Trainer drives a remote launch end to end: it writes the job file, renders a TFJob (or a Vertex AI
+CustomJob), submits it through the real kubernetes (aiplatform) client, waits, and publishes the model
+the replicas wrote; a job it stops waiting for is deleted (cancelled).
 
 The cluster is tests/k8s_standin.py: a loopback API server whose "training operator" runs each
-replica's container command as a local process with the TF_CONFIG a TFJob replica gets. What
-this proves: the manifest's command, env and job file are enough for the workers to train and
-export; what it cannot prove: image pulls, scheduling, volumes and RBAC on a real cluster."""
+replica's container command as a local process with the TF_CONFIG a TFJob replica gets; Vertex AI is
+tests/vertex_standin.py, the same idea behind a loopback JobService. What this proves: the manifest's
+command, env and job file are enough for the workers to train and export; what it cannot prove: image
+pulls, scheduling, volumes, RBAC and IAM on a real cluster or project."""
 import glob
 import os
 import textwrap
@@ -138,8 +140,9 @@ def test_a_failed_tfjob_is_kept_for_its_logs(penguin_outputs, operator, tmp_path
     assert len(operator.jobs) == 1 and operator.deleted == []
 
 
-def test_a_trainer_stopped_with_sigterm_deletes_its_tfjob(penguin_outputs, operator, tmp_path):
-    """Airflow stops a task it no longer wants (marked failed, heartbeat refused) with SIGTERM."""
+def _sigterm_a_training_trainer(penguin_outputs, tmp_path, params, jobs: dict) -> str:
+    """Run the Trainer (a sleeping run_fn) in its own process until the stand-in's `jobs` hold one job whose
+    replicas all run, then SIGTERM it, as Airflow stops a task it no longer wants; returns its stderr."""
     import json
     import signal
     import subprocess
@@ -148,22 +151,87 @@ def test_a_trainer_stopped_with_sigterm_deletes_its_tfjob(penguin_outputs, opera
 
     module = tmp_path / "sleeper.py"
     module.write_text(SLEEPER)
-    out = _out(tmp_path, "stopped")
-    args = json.dumps([_inputs(penguin_outputs), out, _params(module=str(module))])
+    args = json.dumps([_inputs(penguin_outputs), _out(tmp_path, "stopped"), dict(params, module=str(module))])
     script = f"import json; from components.trainer import TRAINER; TRAINER.run(*json.loads({args!r}))"
     with open(tmp_path / "trainer.err", "w") as stderr:
         trainer = subprocess.Popen([sys.executable, "-c", script], stderr=stderr)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (
-            operator.jobs and all(r.popen.poll() is None for job in operator.jobs.values() for r in job["replicas"])
-            and trainer.poll() is None):
+    while time.monotonic() < deadline and trainer.poll() is None and not (
+            jobs and all(r.popen.poll() is None for job in jobs.values() for r in job["replicas"])):
         time.sleep(0.2)
-    assert trainer.poll() is None and len(operator.jobs) == 1, (tmp_path / "trainer.err").read_text()[-3000:]
-    (name,) = operator.jobs
+    assert trainer.poll() is None and len(jobs) == 1, (tmp_path / "trainer.err").read_text()[-3000:]
     trainer.send_signal(signal.SIGTERM)
     assert trainer.wait(timeout=60) != 0
-    err = (tmp_path / "trainer.err").read_text()
+    assert not os.path.exists(_out(tmp_path, "stopped")["model"])
+    return (tmp_path / "trainer.err").read_text()
+
+
+def test_a_trainer_stopped_with_sigterm_deletes_its_tfjob(penguin_outputs, operator, tmp_path):
+    err = _sigterm_a_training_trainer(penguin_outputs, tmp_path, _params(), operator.jobs)
+    (name,) = operator.jobs
     assert f"the Trainer waiting on TFJob ml/{name} was stopped by SIGTERM" in err, err[-3000:]
     assert operator.deleted == [name]
     assert all(r.popen.poll() is not None for r in operator.jobs[name]["replicas"])
+
+
+@pytest.fixture
+def vertex_ai(tmp_path, monkeypatch):
+    from tests.vertex_standin import VertexStandIn, write_service_account_key
+
+    key = write_service_account_key(tmp_path / "adc.json", "hpml-test")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    with VertexStandIn(tmp_path) as standin:
+        yield standin
+
+
+def _vertex_params(vertex_ai, **extra):
+    cluster = {"image": IMAGE, "project": "hpml-test", "location": "europe-west4", "staging_bucket": "gs://hpml-test",
+               "api_endpoint": vertex_ai.endpoint, "poll_seconds": 0.2, **extra.pop("cluster", {})}
+    return _params(launcher="vertex", cluster=cluster, **extra)
+
+
+def test_trainer_runs_multi_worker_training_as_a_vertex_custom_job(penguin_outputs, vertex_ai, tmp_path):
+    out = _out(tmp_path, "vertex")
+    props = TRAINER.run(_inputs(penguin_outputs), out, _vertex_params(vertex_ai))
+    launch = props["launch"]
+    assert launch["launcher"] == "vertex" and launch["state"] == "JOB_STATE_SUCCEEDED"
+    assert launch["job"] == "projects/hpml-test/locations/europe-west4/customJobs/1"
+    (job,) = vertex_ai.jobs.values()
+    pools = job["resource"]["jobSpec"]["workerPoolSpecs"]
+    assert [int(p["replicaCount"]) for p in pools] == [1, 1]
+    assert pools[0]["containerSpec"]["imageUri"] == IMAGE
+    assert pools[0]["machineSpec"] == {"machineType": "n1-standard-8"}, "no accelerator asked for, none requested"
+    assert sorted(job["replicas"][i].name for i in range(2)) == ["workerpool0-0", "workerpool1-0"]
+    assert [row["epoch"] for row in props["history"]] == [1, 2]
+    assert os.path.isdir(os.path.join(out["model"], "Format-Serving")), "the chief's model is published"
+
+
+def test_a_failed_custom_job_fails_the_trainer_with_the_replicas_error(penguin_outputs, vertex_ai, tmp_path):
+    module = tmp_path / "broken.py"
+    module.write_text("def run_fn(fn_args):\n    raise RuntimeError('the bucket is empty')\n")
+    out = _out(tmp_path, "vertex-failed")
+    with pytest.raises(HpmlError, match=r"CustomJob projects/hpml-test/locations/europe-west4/customJobs/1 ended "
+                                        r"JOB_STATE_FAILED: The replica workerpool\d-0 exited .*the bucket is empty"):
+        TRAINER.run(_inputs(penguin_outputs), out, _vertex_params(vertex_ai, module=str(module)))
+    assert ("POST", "cancel") not in [(m, p.split("?")[0].rsplit(":", 1)[-1]) for m, p in vertex_ai.requests]
     assert not os.path.exists(out["model"])
+
+
+def test_a_custom_job_that_outlives_its_timeout_is_cancelled(penguin_outputs, vertex_ai, tmp_path):
+    module = tmp_path / "sleeper.py"
+    module.write_text(SLEEPER)
+    out = _out(tmp_path, "vertex-slow")
+    with pytest.raises(HpmlError, match=r"CustomJob projects/hpml-test/locations/europe-west4/customJobs/1 did not "
+                                        r"finish within 3s"):
+        TRAINER.run(_inputs(penguin_outputs), out,
+                    _vertex_params(vertex_ai, module=str(module), cluster={"timeout_seconds": 3}))
+    (job,) = vertex_ai.jobs.values()
+    assert job["cancelled"] and all(r.popen.poll() is not None for r in job["replicas"])
+    assert not os.path.exists(out["model"])
+
+
+def test_a_trainer_stopped_with_sigterm_cancels_its_custom_job(penguin_outputs, vertex_ai, tmp_path):
+    err = _sigterm_a_training_trainer(penguin_outputs, tmp_path, _vertex_params(vertex_ai), vertex_ai.jobs)
+    (job,) = vertex_ai.jobs.values()
+    assert f"the Trainer waiting on CustomJob {job['resource']['name']} was stopped by SIGTERM" in err, err[-3000:]
+    assert job["cancelled"] and all(r.popen.poll() is not None for r in job["replicas"])

@@ -39,6 +39,7 @@ class RemoteCluster:
     project: str | None = None  # Vertex AI
     location: str = "us-central1"
     staging_bucket: str | None = None
+    api_endpoint: str | None = None  # None: the region's endpoint; else e.g. a Private Service Connect one
     machine_type: str = vertex.DEFAULT_MACHINE
     accelerator_type: str = vertex.DEFAULT_ACCELERATOR
 
@@ -108,7 +109,9 @@ def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob) -> dict:
         return {"launcher": "kubernetes", "job": f"{cluster.namespace}/{name}",
                 "replicas": job.roles(), "seconds": time.monotonic() - started,
                 "conditions": [c.get("type") for c in status.get("conditions", [])]}
-    custom_job = vertex.submit(job, cluster.project, cluster.location, cluster.staging_bucket,
-                               machine_type=cluster.machine_type, accelerator_type=cluster.accelerator_type)
-    return {"launcher": "vertex", "job": custom_job.resource_name, "replicas": job.roles(),
-            "seconds": time.monotonic() - started}
+    name, state = vertex.run(job, cluster.project, cluster.location, cluster.staging_bucket,
+                             timeout_s=cluster.timeout_seconds, poll_s=cluster.poll_seconds,
+                             api_endpoint=cluster.api_endpoint, machine_type=cluster.machine_type,
+                             accelerator_type=cluster.accelerator_type)
+    return {"launcher": "vertex", "job": name, "replicas": job.roles(), "seconds": time.monotonic() - started,
+            "state": state}

@@ -1,7 +1,17 @@
-"""Vertex AI launcher: render CustomJob worker pools (0 chief, 1 workers, 2 parameter servers)."""
+"""Vertex AI launcher: render CustomJob worker pools (0 chief, 1 workers, 2 parameter servers), submit the
+job with aiplatform over its REST transport, and poll it. A job still running when the wait ends (a
+timeout, the Trainer task stopped or interrupted) is cancelled, so it cannot hold its accelerators on.
+"""
 from __future__ import annotations
 
+import logging
+import time
+
+from components.errors import HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
+from components.trainer.launchers.stopping import wait_or_stop_job
+
+log = logging.getLogger("hpml.launcher.vertex")
 
 DEFAULT_MACHINE = "n1-standard-8"
 DEFAULT_ACCELERATOR = "NVIDIA_TESLA_T4"
@@ -36,11 +46,43 @@ def custom_job_spec(job: ClusterJob, **kwargs):
     return gca_custom_job.CustomJobSpec(worker_pool_specs=render_worker_pool_specs(job, **kwargs))
 
 
-def submit(job: ClusterJob, project: str, location: str, staging_bucket: str, **kwargs):
-    """Create and run the CustomJob on Vertex AI (needs Google Cloud credentials)."""
+class CustomJobFailed(HpmlError):
+    """The CustomJob ended FAILED or CANCELLED: Vertex has stopped its replicas."""
+
+
+def wait(custom_job, timeout_s: float, poll_s: float) -> str:
+    """Poll the job's state until it succeeded (returns the state's name), failed or was cancelled (raises)."""
+    from google.cloud.aiplatform.compat.types import job_state
+
+    states = job_state.JobState
+    name = custom_job.resource_name
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        state = custom_job.state  # fetches the job again
+        if state != last:
+            log.info("CustomJob %s: %s", name, state.name)
+            last = state
+        if state == states.JOB_STATE_SUCCEEDED:
+            return state.name
+        if state in (states.JOB_STATE_FAILED, states.JOB_STATE_CANCELLED, states.JOB_STATE_EXPIRED):
+            raise CustomJobFailed(f"CustomJob {name} ended {state.name}: {custom_job.error.message}",
+                                  hint=f"gcloud ai custom-jobs stream-logs {name}")
+        time.sleep(poll_s)
+    raise HpmlError(f"CustomJob {name} did not finish within {timeout_s:.0f}s")
+
+
+def run(job: ClusterJob, project: str, location: str, staging_bucket: str, *, timeout_s: float, poll_s: float,
+        api_endpoint: str | None = None, **pool_kwargs) -> tuple[str, str]:
+    """Create the CustomJob and wait for it (needs Google Cloud credentials: Application Default Credentials).
+    Returns its resource name and final state; cancels it when the wait ends before the job does."""
     from google.cloud import aiplatform
 
-    aiplatform.init(project=project, location=location, staging_bucket=staging_bucket)
-    custom_job = aiplatform.CustomJob(display_name=job.name, worker_pool_specs=render_worker_pool_specs(job, **kwargs))
-    custom_job.run(sync=True)
-    return custom_job
+    aiplatform.init(project=project, location=location, staging_bucket=staging_bucket, api_endpoint=api_endpoint,
+                    api_transport="rest")
+    custom_job = aiplatform.CustomJob(display_name=job.name,
+                                      worker_pool_specs=render_worker_pool_specs(job, **pool_kwargs))
+    custom_job.submit()
+    name = custom_job.resource_name
+    return name, wait_or_stop_job(f"CustomJob {name}", lambda: wait(custom_job, timeout_s, poll_s),
+                                  custom_job.cancel, job_ended=CustomJobFailed)
