@@ -76,7 +76,8 @@ class _FakeApiServer(BaseHTTPRequestHandler):
     """Answers the two TFJob calls like the API server: create, then status as the job progresses."""
 
     created: list = []
-    statuses: list = []
+    statuses: list = []  # what each status read answers (the last one repeats); an int is an HTTP error
+    gets = 0
 
     def log_message(self, *args):
         pass
@@ -90,7 +91,10 @@ class _FakeApiServer(BaseHTTPRequestHandler):
         self._reply(201, body)
 
     def do_GET(self):
+        type(self).gets += 1
         status = type(self).statuses.pop(0) if len(type(self).statuses) > 1 else type(self).statuses[0]
+        if isinstance(status, int):  # an HTTP error in place of a status
+            return self._reply(status, {"kind": "Status", "code": status, "message": f"error {status}"})
         self._reply(200, {"metadata": {"name": self.path.split("/")[-2]}, "status": status})
 
 
@@ -102,7 +106,7 @@ def api_client():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     config = client.Configuration()
     config.host = f"http://127.0.0.1:{server.server_port}"
-    _FakeApiServer.created = []
+    _FakeApiServer.created, _FakeApiServer.gets = [], 0
     yield client.ApiClient(config)
     server.shutdown()
 
@@ -128,6 +132,28 @@ def test_wait_reports_a_failed_job(api_client):
         k8s.wait("penguin-train", "ml", api_client, timeout_s=10, poll_s=0.01)
 
 
+def test_wait_rides_out_transient_status_errors(api_client):
+    """A day-long job must not be abandoned (and, since the wait ended first, deleted) over a 503."""
+    _FakeApiServer.statuses = [503, 503, _condition("Running"), 429, _condition("Succeeded")]
+    status = k8s.wait("penguin-train", "ml", api_client, timeout_s=10, poll_s=0.01)
+    assert status["conditions"][-1]["type"] == "Succeeded" and _FakeApiServer.gets == 5
+
+
+def test_wait_ends_on_a_job_that_is_gone_or_a_server_that_stays_down(api_client):
+    from kubernetes.client.rest import ApiException
+
+    from components.trainer.launchers.polling import MAX_READ_ERRORS
+
+    _FakeApiServer.statuses = [404]
+    with pytest.raises(ApiException) as gone:
+        k8s.wait("penguin-train", "ml", api_client, timeout_s=10, poll_s=0.01)
+    assert gone.value.status == 404 and _FakeApiServer.gets == 1, "a missing job is not retried"
+    _FakeApiServer.statuses, _FakeApiServer.gets = [503], 0
+    with pytest.raises(ApiException) as down:
+        k8s.wait("penguin-train", "ml", api_client, timeout_s=10, poll_s=0.01)
+    assert down.value.status == 503 and _FakeApiServer.gets == MAX_READ_ERRORS + 1
+
+
 def test_vertex_worker_pools_are_valid_protos():
     spec = vertex.custom_job_spec(PSS)
     pools = spec.worker_pool_specs
@@ -139,3 +165,12 @@ def test_vertex_worker_pools_are_valid_protos():
                                              strategy="multi_worker_mirrored", num_workers=3, gpus_per_worker=1))
     assert [p.replica_count for p in mwms.worker_pool_specs] == [1, 2]
     assert mwms.worker_pool_specs[1].machine_spec.accelerator_type.name == "NVIDIA_TESLA_T4"
+
+
+def test_vertex_waits_through_what_the_client_gives_up_retrying_but_not_a_missing_job():
+    from google.api_core import exceptions
+
+    assert vertex._transient(exceptions.RetryError("read timed out after 120 s of retries", None))
+    assert vertex._transient(exceptions.ServiceUnavailable("try again"))
+    assert not vertex._transient(exceptions.NotFound("customJobs/1"))
+    assert not vertex._transient(exceptions.PermissionDenied("aiplatform.customJobs.get"))

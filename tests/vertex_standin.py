@@ -7,6 +7,7 @@ what Vertex does with a created job: it runs each worker pool's container comman
 Vertex replica gets. The job succeeds when the chief exits 0 (Vertex's rule for the primary pool),
 fails with the failing replica's last lines, or is cancelled. The client authenticates with real
 Application Default Credentials: a service-account key generated here, used as a self-signed JWT.
+`unavailable_reads` makes the next status reads answer 503, as a flaky control plane does.
 """
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def write_service_account_key(path: Path, project: str) -> Path:
     path.write_text(json.dumps({
         "type": "service_account", "project_id": project, "private_key_id": "standin", "private_key": pem,
         "client_email": f"trainer@{project}.iam.gserviceaccount.com", "client_id": "1",
-        "token_uri": "http://127.0.0.1:9/token"}))  # never called: the client signs its own JWT
+        "token_uri": "http://127.0.0.1:9/token",  # never called: the client signs its own JWT
+        # Outside Google's own universe google-auth skips its background "allowedLocations" lookup on
+        # iamcredentials.googleapis.com, which a test must not try to reach.
+        "universe_domain": "standin.invalid"}))
     return path
 
 
@@ -43,6 +47,7 @@ class VertexStandIn(LoopbackJobService):
     def __init__(self, workdir):
         super().__init__(workdir, self._handler())
         self.endpoint = self.url
+        self.unavailable_reads = 0  # answer that many status reads with 503 first
 
     def _create(self, parent: str, body: dict) -> dict:
         job_id = str(len(self.jobs) + 1)
@@ -119,7 +124,10 @@ class VertexStandIn(LoopbackJobService):
 
             def do_GET(self):
                 match = self._route("GET")
-                if match is not None:
+                if match is not None and standin.unavailable_reads > 0:  # a flaky control plane
+                    standin.unavailable_reads -= 1
+                    reply_json(self, 503, {"error": {"code": 503, "message": "try again", "status": "UNAVAILABLE"}})
+                elif match is not None:
                     reply_json(self, 200, standin._current(match.group(3)))
 
         return Handler

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from pathlib import Path
 
 import yaml
 
 from components.errors import HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
+from components.trainer.launchers.polling import poll
 from components.trainer.launchers.stopping import wait_or_stop_job
 
 log = logging.getLogger("hpml.launcher.kubernetes")
@@ -74,11 +74,11 @@ def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, po
     from kubernetes import client
 
     api = client.CustomObjectsApi(api_client)
-    deadline = time.monotonic() + timeout_s
     last = None
-    while time.monotonic() < deadline:
-        obj = api.get_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                      _request_timeout=REQUEST_TIMEOUT_S)
+    read = lambda: api.get_namespaced_custom_object_status(  # noqa: E731
+        GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT_S)
+    for obj in poll(read, what=f"TFJob {namespace}/{name}", timeout_s=timeout_s, poll_s=poll_s,
+                    transient=_transient):
         status = obj.get("status") or {}
         conditions = [c for c in status.get("conditions", []) if c.get("status") == "True"]
         latest = conditions[-1]["type"] if conditions else None
@@ -90,9 +90,18 @@ def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, po
         if latest == "Failed":
             message = conditions[-1].get("message", "")
             raise TFJobFailed(f"TFJob {namespace}/{name} failed: {message}",
-                            hint=f"kubectl -n {namespace} logs -l training.kubeflow.org/job-name={name}")
-        time.sleep(poll_s)
-    raise HpmlError(f"TFJob {namespace}/{name} did not finish within {timeout_s:.0f}s")
+                              hint=f"kubectl -n {namespace} logs -l training.kubeflow.org/job-name={name}")
+    raise AssertionError("poll() raises when its time is up")
+
+
+def _transient(err: Exception) -> bool:
+    """Worth another read: throttling, a server-side error, or the connection failing on the way."""
+    import urllib3
+    from kubernetes.client.rest import ApiException
+
+    if isinstance(err, ApiException):
+        return err.status == 429 or (err.status or 0) >= 500
+    return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 
 
 def delete(name: str, namespace: str, api_client) -> None:

@@ -5,10 +5,10 @@ timeout, the Trainer task stopped or interrupted) is cancelled, so it cannot hol
 from __future__ import annotations
 
 import logging
-import time
 
 from components.errors import HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
+from components.trainer.launchers.polling import poll
 from components.trainer.launchers.stopping import wait_or_stop_job
 
 log = logging.getLogger("hpml.launcher.vertex")
@@ -56,10 +56,9 @@ def wait(custom_job, timeout_s: float, poll_s: float) -> str:
 
     states = job_state.JobState
     name = custom_job.resource_name
-    deadline = time.monotonic() + timeout_s
     last = None
-    while time.monotonic() < deadline:
-        state = custom_job.state  # fetches the job again
+    for state in poll(lambda: custom_job.state, what=f"CustomJob {name}", timeout_s=timeout_s, poll_s=poll_s,
+                      transient=_transient):  # .state fetches the job again
         if state != last:
             log.info("CustomJob %s: %s", name, state.name)
             last = state
@@ -68,8 +67,17 @@ def wait(custom_job, timeout_s: float, poll_s: float) -> str:
         if state in (states.JOB_STATE_FAILED, states.JOB_STATE_CANCELLED, states.JOB_STATE_EXPIRED):
             raise CustomJobFailed(f"CustomJob {name} ended {state.name}: {custom_job.error.message}",
                                   hint=f"gcloud ai custom-jobs stream-logs {name}")
-        time.sleep(poll_s)
-    raise HpmlError(f"CustomJob {name} did not finish within {timeout_s:.0f}s")
+    raise AssertionError("poll() raises when its time is up")
+
+
+def _transient(err: Exception) -> bool:
+    """Worth another read: throttling, a server-side error, the connection failing on the way, or the
+    client's own retry of those running out (aiplatform retries a read for up to 2 minutes itself)."""
+    import requests
+    from google.api_core import exceptions
+
+    return isinstance(err, (exceptions.ServerError, exceptions.TooManyRequests, exceptions.RetryError,
+                            requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError))
 
 
 def run(job: ClusterJob, project: str, location: str, staging_bucket: str, *, timeout_s: float, poll_s: float,
