@@ -78,6 +78,8 @@ def test_a_failed_tfjob_fails_the_trainer_with_the_replicas_error(penguin_output
     ({"cluster": {"namespace": "ml"}}, "launcher 'kubernetes' needs cluster.image"),
     ({"cluster": {"image": IMAGE, "replicas": 3}}, "cluster has unknown field"),
     ({"cluster": {"image": IMAGE, "gpus_per_worker": -1}}, "cluster.gpus_per_worker must be a whole number"),
+    ({"cluster": {"image": IMAGE, "memory": 16}}, "cluster.memory must be a string, got 16"),
+    ({"cluster": {"image": ["a", "b"]}}, r"cluster.image must be a string, got \['a', 'b'\]"),
     ({"launcher": "vertex", "cluster": {"image": IMAGE}}, "needs cluster.project and cluster.staging_bucket"),
     ({"strategy": "mirrored"}, "a remote launcher runs multi_worker_mirrored or parameter_server, not mirrored"),
     ({"strategy": "parameter_server"}, "needs a cluster with ps tasks"),

@@ -51,6 +51,11 @@ class RemoteCluster:
         if unknown:
             raise SpecError(f"Trainer: cluster has unknown field(s) {', '.join(unknown)}",
                             hint=f"known fields: {', '.join(fields)}")
+        for name, value in raw.items():  # the text fields: names, quantities, endpoints
+            text, optional = fields[name].type in ("str", "str | None"), fields[name].type == "str | None"
+            if text and not (isinstance(value, str) or (optional and value is None)):
+                raise SpecError(f"Trainer: cluster.{name} must be a string, got {value!r}",
+                                hint='e.g. "cpu": "4", "memory": "16Gi"')
         if not raw.get("image"):
             raise SpecError(f"Trainer: launcher {launcher!r} needs cluster.image, the training image to run",
                             hint="build it from infra/Dockerfile and push it where the cluster can pull it")
