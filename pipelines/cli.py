@@ -60,6 +60,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_runs(args) -> int:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -69,7 +70,7 @@ def cmd_runs(args) -> int:
     if args.action == "compare":
         if len(args.runs) != 2:
             raise HpmlError("runs compare takes two run ids", hint="hpml runs compare RUN_A RUN_B")
-        a, b = (records.load(_resolve(r)) for r in args.runs)
+        a, b = (records.load(records.resolve(r)) for r in args.runs)
         table = Table(title="run comparison")
         table.add_column("")
         table.add_column(a.run_name)
@@ -91,16 +92,34 @@ def cmd_runs(args) -> int:
         plot_overlay([a.mlflow_run_id, b.mlflow_run_id], [a.run_name, b.run_name], path)
         console.print(f"overlay plot: {path}", soft_wrap=True)
         return 0
+    if args.runs:
+        raise HpmlError(f"runs list takes no run ids (got {' '.join(args.runs)})",
+                        hint="hpml runs compare RUN_A RUN_B compares two runs")
+    if args.limit < 1:
+        raise HpmlError(f"--limit must be at least 1, not {args.limit}", hint="e.g. hpml runs --limit 20")
+    if args.pipeline is not None:
+        from pipelines import registry
+
+        registry.check(args.pipeline)
     runs = records.recent(args.pipeline, args.limit)
-    table = Table(title="recent runs")
-    for column in ("run id", "name", "status", "started", "eval accuracy", "strategy", "epochs"):
-        table.add_column(column)
+    if not runs:
+        console.print(f"no runs of {args.pipeline} yet" if args.pipeline else "no runs yet")
+        return 0
+    table = Table(title="recent runs", caption="hpml report ID | hpml runs compare ID ID", box=box.SIMPLE_HEAD,
+                  collapse_padding=True, pad_edge=False)
+    table.add_column("id", no_wrap=True)
+    table.add_column("name", overflow="fold", ratio=1)
+    table.add_column("status", no_wrap=True)
+    table.add_column("started (UTC)", no_wrap=True)
+    table.add_column("accuracy", no_wrap=True)
+    table.add_column("strategy", overflow="fold", min_width=8)
+    table.add_column("epochs", no_wrap=True)
     import datetime
 
     for run in runs:
         started = datetime.datetime.fromtimestamp(run.info.start_time / 1000, datetime.timezone.utc)
         table.add_row(
-            run.info.run_id, run.info.run_name, run.info.status, f"{started:%Y-%m-%d %H:%M:%S}",
+            run.info.run_id[:records.SHORT_ID], run.info.run_name, run.info.status, f"{started:%Y-%m-%d %H:%M}",
             _fmt(run.data.metrics.get("eval_accuracy")), run.data.params.get("strategy", "-"),
             run.data.params.get("epochs", "-"),
         )
@@ -111,7 +130,7 @@ def cmd_runs(args) -> int:
 def cmd_report(args) -> int:
     from pipelines import records, report
 
-    mlflow_run_id = _resolve(args.run)
+    mlflow_run_id = records.resolve(args.run)
     run_dir = records.load(mlflow_run_id).tags.get("hpml.run_dir")
     path = report.report_path(run_dir) if run_dir else None
     if args.rebuild or not path or not os.path.isfile(path):
@@ -147,20 +166,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _resolve(run: str) -> str:
-    from pipelines import records
-
-    try:
-        records.client().get_run(run)
-        return run
-    except Exception:  # noqa: BLE001 - not an MLflow id: try it as an hpml/Airflow run name
-        pass
-    for run_info in records.recent(None, 1000):
-        if run_info.info.run_name == run:
-            return run_info.info.run_id
-    raise HpmlError(f"no run {run!r} in the run records", hint="hpml runs lists recent runs")
-
-
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -181,13 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list recent runs, or compare two")
     runs.add_argument("action", nargs="?", choices=("list", "compare"), default="list")
-    runs.add_argument("runs", nargs="*", help="with compare: two run ids or names")
+    runs.add_argument("runs", nargs="*", help="with compare: two run ids (or unique prefixes of them) or names")
     runs.add_argument("--pipeline", default=None)
     runs.add_argument("--limit", type=int, default=20)
     runs.set_defaults(func=cmd_runs)
 
     report = sub.add_parser("report", help="print the path of a run's HTML report (writing it if missing)")
-    report.add_argument("run", help="MLflow run id, or the run's name (hpml or Airflow run id)")
+    report.add_argument("run", help="MLflow run id (or a unique prefix of one, as hpml runs shows it), "
+                        "or the run's name (hpml or Airflow run id)")
     report.add_argument("--open", action="store_true", help="also open it in a web browser")
     report.add_argument("--rebuild", action="store_true", help="write it again from the run record")
     report.set_defaults(func=cmd_report)

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from components.errors import HpmlError
 from pipelines.paths import hpml_home
 
 ARTIFACT_TAG = "artifact."
 DURATION_METRIC = "duration_s."
+SHORT_ID = 8  # how many characters of a run id `hpml runs` shows; any unique prefix of 4 or more resolves
 
 
 def tracking_uri() -> str:
@@ -215,3 +218,30 @@ def recent(pipeline_name: str | None = None, limit: int = 20):
     if not ids:
         return []
     return mlflow_client.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=limit)
+
+
+def _like_pattern(text: str) -> str:
+    """A LIKE literal matching `text`: MLflow's filter parser takes no escapes, so quotes and backslashes
+    become the one-character wildcard, and callers keep only exact matches."""
+    return "'" + re.sub(r"['\"\\]", "_", text) + "'"
+
+
+def resolve(ref: str) -> str:
+    """The MLflow run id that `ref` names: a run id, a unique prefix of one, or a run name (hpml or Airflow run id)."""
+    mlflow_client = client()
+    ids = [e.experiment_id for e in mlflow_client.search_experiments()]
+    matches = []
+    if ids and re.fullmatch(r"[0-9a-fA-F]{4,32}", ref):
+        prefix = ref.lower()
+        found = mlflow_client.search_runs(ids, f"attributes.run_id LIKE '{prefix}%'", max_results=6)
+        matches = [m for m in found if m.info.run_id.startswith(prefix)]
+    if ids and not matches:
+        found = mlflow_client.search_runs(ids, f"attributes.run_name LIKE {_like_pattern(ref)}", max_results=100)
+        matches = [m for m in found if m.info.run_name == ref]
+    if len(matches) > 1:
+        names = ", ".join(f"{m.info.run_id[:SHORT_ID]} ({m.info.run_name})" for m in matches[:5])
+        raise HpmlError(f"{ref!r} names more than one run: {names}{', ...' if len(matches) > 5 else ''}",
+                        hint="give more characters of the run id")
+    if not matches:
+        raise HpmlError(f"no run {ref!r} in the run records", hint="hpml runs lists recent runs")
+    return matches[0].info.run_id

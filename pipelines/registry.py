@@ -9,7 +9,12 @@ from pipelines.definition import Pipeline
 PIPELINES = {"penguin": "pipelines.penguin", "distillation": "pipelines.distillation"}
 
 
-def get(name: str) -> Pipeline:
+def check(name: str) -> None:
+    """Refuse a pipeline name that is not registered, without importing any pipeline."""
     if name not in PIPELINES:
         raise SpecError(f"unknown pipeline {name!r}", hint=f"known pipelines: {', '.join(sorted(PIPELINES))}")
+
+
+def get(name: str) -> Pipeline:
+    check(name)
     return importlib.import_module(PIPELINES[name]).PIPELINE

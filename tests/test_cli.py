@@ -9,8 +9,8 @@ import pytest
 HPML = [sys.executable, "-m", "pipelines.cli"]
 
 
-def _hpml(*args, timeout=600):
-    env = dict(os.environ, COLUMNS="200")
+def _hpml(*args, timeout=600, columns=200):
+    env = dict(os.environ, COLUMNS=str(columns))
     return subprocess.run([*HPML, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -32,8 +32,26 @@ def test_local_run_prints_a_summary(local_run):
 def test_runs_lists_both_engines_runs(local_run, penguin_dag_run):
     done = _hpml("runs", "--pipeline", "penguin")
     assert done.returncode == 0, done.stderr
-    assert penguin_dag_run["mlflow_run_id"] in done.stdout
+    assert penguin_dag_run["mlflow_run_id"][:8] in done.stdout and penguin_dag_run["dag_run"].run_id in done.stdout
     assert "local__" in done.stdout and "FINISHED" in done.stdout
+
+
+def test_ids_that_runs_shows_on_a_narrow_terminal_work_in_report_and_compare(local_run, penguin_dag_run):
+    from pipelines import records
+
+    done = _hpml("runs", "--pipeline", "penguin", columns=80)
+    assert done.returncode == 0, done.stderr
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+    shown = [line.split()[0] for line in done.stdout.splitlines() if "FINISHED" in line]
+    dag_run_id = next(i for i in shown if penguin_dag_run["mlflow_run_id"].startswith(i))
+    local_id = next(i for i in shown if records.recent("penguin", 1)[0].info.run_id.startswith(i))
+    report = _hpml("report", dag_run_id)
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.strip() == records.load(penguin_dag_run["mlflow_run_id"]).tags["hpml.report"]
+    compare = _hpml("runs", "compare", dag_run_id, local_id)
+    assert compare.returncode == 0, compare.stderr
+    epochs_row = next(line for line in compare.stdout.splitlines() if "param epochs" in line)
+    assert [cell.strip() for cell in epochs_row.split("│")][2:4] == ["3", "1"]
 
 
 def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run):
@@ -75,6 +93,9 @@ def test_help_lists_the_commands_the_readme_documents():
     (("run", "walrus"), "error: unknown pipeline 'walrus'"),
     (("runs", "compare", "nope", "nada"), "error: no run 'nope' in the run records"),
     (("report", "nope"), "error: no run 'nope' in the run records"),
+    (("runs", "--limit", "0"), "error: --limit must be at least 1, not 0"),
+    (("runs", "--pipeline", "walrus"), "error: unknown pipeline 'walrus'"),
+    (("runs", "list", "nope"), "error: runs list takes no run ids (got nope)"),
     (("bench", "walrus"), "error: unknown benchmark 'walrus'"),
     (("run", "penguin", "--param", "launcher=vertex"), "error: parameter 'launcher': 'vertex' submits to a remote "
      "cluster, which needs a container image of this project and cluster credentials that this deployment does "

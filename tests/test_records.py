@@ -1,4 +1,10 @@
-"""The run record (real SQLite MLflow store): Trainer properties land as the documented fields."""
+"""The run record (real SQLite MLflow store): Trainer properties land as the documented fields,
+and a run id prefix or a run name finds its run."""
+import uuid
+
+import pytest
+
+from components.errors import HpmlError
 from pipelines import records
 
 
@@ -32,3 +38,24 @@ def test_trainer_properties_become_run_record_fields(tmp_path):
     assert summary.outputs == {"Trainer": {"model_run": str(model_run)}}
     logged = {a.path for a in records.client().list_artifacts(run_id, "Trainer/model_run")}
     assert logged == {"Trainer/model_run/plan.json"}
+
+
+def test_resolve_takes_a_run_id_a_unique_prefix_of_one_or_a_run_name():
+    name = f"it's \"quoted\" {uuid.uuid4().hex[:8]} 100% \\"
+    run_id = records.start("resolve_test", name, {}, {})
+    assert records.resolve(run_id) == run_id
+    assert records.resolve(run_id[:records.SHORT_ID]) == run_id
+    assert records.resolve(run_id[:12].upper()) == run_id
+    assert records.resolve(name) == run_id
+
+
+def test_resolve_refuses_a_name_two_runs_share_and_one_no_run_has():
+    name = f"twin-{uuid.uuid4().hex[:8]}"
+    first, second = (records.start("resolve_test", name, {}, {}) for _ in range(2))
+    with pytest.raises(HpmlError, match="names more than one run") as refused:
+        records.resolve(name)
+    assert first[:records.SHORT_ID] in str(refused.value) and second[:records.SHORT_ID] in str(refused.value)
+    assert refused.value.hint == "give more characters of the run id"
+    for unknown in ("f" * 32, "abc", f"no-such-{name}"):
+        with pytest.raises(HpmlError, match=f"no run '{unknown}' in the run records"):
+            records.resolve(unknown)
