@@ -198,13 +198,14 @@ def load(mlflow_run_id: str) -> RunSummary:
 
 
 def find(tag: str, value: str, pipeline_name: str) -> str | None:
+    """The newest run of `pipeline_name` whose tag `tag` is exactly `value`, or None."""
     mlflow_client = client()
     experiment = mlflow_client.get_experiment_by_name(pipeline_name)
     if experiment is None:
         return None
-    escaped = value.replace("'", "\\'")
-    runs = mlflow_client.search_runs([experiment.experiment_id], f"tags.`{tag}` = '{escaped}'", max_results=1)
-    return runs[0].info.run_id if runs else None
+    runs = mlflow_client.search_runs([experiment.experiment_id], f"tags.`{tag}` LIKE {_like_pattern(value)}",
+                                     max_results=100)
+    return next((run.info.run_id for run in runs if run.data.tags.get(tag) == value), None)
 
 
 def history(mlflow_run_id: str, metric: str) -> list[tuple[int, float]]:

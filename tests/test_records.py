@@ -59,3 +59,12 @@ def test_resolve_refuses_a_name_two_runs_share_and_one_no_run_has():
     for unknown in ("f" * 32, "abc", f"no-such-{name}"):
         with pytest.raises(HpmlError, match=f"no run '{unknown}' in the run records"):
             records.resolve(unknown)
+
+
+def test_find_matches_a_tag_value_with_quotes_exactly():
+    value = f"manual__'{uuid.uuid4().hex[:8]}\" \\"
+    wanted = records.start("find_test", "wanted", {}, {"airflow.run_id": value})
+    records.start("find_test", "other", {}, {"airflow.run_id": value.replace("'", "x")})
+    assert records.find("airflow.run_id", value, "find_test") == wanted
+    assert records.find("airflow.run_id", value + "x", "find_test") is None
+    assert records.find("airflow.run_id", value, "no_such_pipeline") is None
