@@ -17,9 +17,11 @@ $(UV):
 	       && mkdir -p $(TOOLS)/bin && ln -sf ../lib/bin/uv $(UV) ) \
 	  || { echo "error: could not install uv; on Debian run: apt-get install python3-venv" >&2; exit 1; }
 
-# Installs exactly what uv.lock pins (the dev group with pytest included).
+# Installs exactly what uv.lock pins (the dev group with pytest included), compiled to bytecode once:
+# where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile TensorFlow's sources
+# again (measured: 16-20 s instead of 5.5-7 s to import it; later syncs only check the .pyc files, ~1 s).
 env: $(UV)
-	@$(UV) sync --frozen --python $(PYTHON) --quiet
+	@$(UV) sync --frozen --python $(PYTHON) --quiet --compile-bytecode
 
 run: env
 	$(VENV)/bin/hpml run penguin --engine airflow
