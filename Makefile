@@ -1,5 +1,7 @@
 # Set-up is automatic: `make run` and `make test` create the environment when it is missing.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The interpreter's real path: uv recreates .venv whenever the path it is given (a pyenv shim, say) differs
+# from the one .venv was built with, which made every `make run`/`make test` rebuild it (~45 s).
+PYTHON ?= $(shell p=$$(command -v python3.11 || command -v python3) && $$p -c 'import sys; print(sys.executable)')
 UV_VERSION := 0.13.9
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
