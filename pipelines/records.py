@@ -242,7 +242,7 @@ def resolve(ref: str) -> str:
     if len(matches) > 1:
         names = ", ".join(f"{m.info.run_id[:SHORT_ID]} ({m.info.run_name})" for m in matches[:5])
         raise HpmlError(f"{ref!r} names more than one run: {names}{', ...' if len(matches) > 5 else ''}",
-                        hint="give more characters of the run id")
+                        hint="name one of them by its id, or give more characters of the id")
     if not matches:
         raise HpmlError(f"no run {ref!r} in the run records", hint="hpml runs lists recent runs")
     return matches[0].info.run_id

@@ -55,7 +55,7 @@ def test_resolve_refuses_a_name_two_runs_share_and_one_no_run_has():
     with pytest.raises(HpmlError, match="names more than one run") as refused:
         records.resolve(name)
     assert first[:records.SHORT_ID] in str(refused.value) and second[:records.SHORT_ID] in str(refused.value)
-    assert refused.value.hint == "give more characters of the run id"
+    assert refused.value.hint == "name one of them by its id, or give more characters of the id"
     for unknown in ("f" * 32, "abc", f"no-such-{name}"):
         with pytest.raises(HpmlError, match=f"no run '{unknown}' in the run records"):
             records.resolve(unknown)
