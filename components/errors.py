@@ -6,7 +6,9 @@ class HpmlError(Exception):
     """Base class for errors a user can act on; `hint` says what to do about it."""
 
     def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
+        # The hint rides in args: Beam re-raises a DoFn's error as type(e)(args[0] + note, *args[1:]),
+        # and pickling rebuilds it as type(e)(*args), so an attribute alone would be dropped on the way.
+        super().__init__(message, hint)
         self.hint = hint
 
     def __str__(self) -> str:

@@ -104,6 +104,7 @@ def test_malformed_row_names_file_and_line(tmp_path):
     with pytest.raises(InputDataError) as err:
         _run(tmp_path, {"input_path": csv})
     assert str(err.value) == f"{csv}:6: expected 4 fields, got 5"
+    assert err.value.hint == "fix the row, or set skip_bad_rows=true", "Beam's re-raise must keep the hint"
     assert os.listdir(tmp_path / "out") == [], "a failed run must leave no artifact and no temporary"
 
 
