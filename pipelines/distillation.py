@@ -79,7 +79,8 @@ def build(num_teachers: int = NUM_TEACHERS, name: str = "distillation") -> Pipel
         params_schema=params_schema(digits_csv()),
         nodes=(
             Node("ExampleGen", EXAMPLE_GEN, params=lambda p: {
-                "input_path": ensure_digits_csv(p["data_path"]), "required_columns": [columns.DIGITS_LABEL]}),
+                "input_path": ensure_digits_csv(p["data_path"]), "required_columns": [columns.DIGITS_LABEL],
+                "numeric_columns": [columns.DIGITS_LABEL, *columns.DIGITS_PIXELS]}),
             Node("Transform", TRANSFORM,
                  inputs={"examples": ("ExampleGen", "examples"), "schema": ("ExampleGen", "schema")},
                  params=lambda p: {"module": MODULE, "batch_size": p["batch_size"],

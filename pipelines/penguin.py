@@ -21,6 +21,7 @@ PIPELINE = Pipeline(
             params=lambda p: {
                 "input_path": p["data_path"],
                 "required_columns": [columns.PENGUIN_LABEL],
+                "numeric_columns": list(columns.PENGUIN_NUMERIC),
                 "skip_bad_rows": p["skip_bad_rows"],
             },
         ),

@@ -165,3 +165,64 @@ def test_reads_existing_tfrecords_and_rejects_corrupt_ones(tmp_path):
         handle.write(data[: len(data) // 2] + b"\x00garbage")
     with pytest.raises(InputDataError, match=r"corrupt.tfrecord.gz: corrupted TFRecord"):
         _run(tmp_path, {"input_path": str(corrupt), "input_format": "tfrecord"}, "bad")
+
+
+def test_a_word_in_a_numeric_column_is_a_bad_row_not_a_text_column(tmp_path):
+    """Without numeric_columns one stray word turns the whole column into text, and the failure
+    only shows much later, as a tf.Transform graph error that names neither file nor row."""
+    rows = _rows(30)
+    rows[6] = "Adelie,Dream,abc,2007"
+    csv = write_csv(tmp_path / "word.csv", HEADER, rows)
+    numeric = {"numeric_columns": ["bill_length_mm", "year"]}
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": csv, **numeric}, "strict")
+    assert str(err.value) == f"{csv}:8: column 'bill_length_mm' must hold a number, got 'abc'"
+    assert err.value.hint == "fix the row, or set skip_bad_rows=true"
+
+    props, out = _run(tmp_path, {"input_path": csv, "skip_bad_rows": True, **numeric}, "skipped")
+    assert props["bad_rows"] == 1 and sum(props["split_counts"].values()) == 29
+    kinds = {f.name: f.type for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature}
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    assert kinds["bill_length_mm"] == schema_pb2.FLOAT and kinds["year"] == schema_pb2.INT
+
+    # Missing values (NA) and numbers in any notation are fine; a misspelt column name is not.
+    rows[6] = "Adelie,Dream,NA,2007"
+    rows[7] = "Adelie,Dream,1e2,2007"
+    fine = write_csv(tmp_path / "fine.csv", HEADER, rows)
+    assert sum(_run(tmp_path, {"input_path": fine, **numeric}, "fine")[0]["split_counts"].values()) == 30
+    with pytest.raises(InputDataError, match=r"fine.csv:1: numeric column 'bill_lenght_mm' is missing"):
+        _run(tmp_path, {"input_path": fine, "numeric_columns": ["bill_lenght_mm"]}, "typo")
+
+
+def test_bytes_in_a_numeric_tfrecord_feature_names_the_record(tmp_path):
+    def example(value):
+        feature = tf.train.Feature(**value)
+        return tf.train.Example(features=tf.train.Features(feature={"x": feature})).SerializeToString()
+
+    path = str(tmp_path / "mixed.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(20):
+            writer.write(example({"float_list": tf.train.FloatList(value=[i])}))
+        writer.write(example({"bytes_list": tf.train.BytesList(value=[b"oops"])}))
+    params = {"input_path": path, "input_format": "tfrecord", "numeric_columns": ["x"]}
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, params, "strict")
+    assert str(err.value) == f"{path}: record 21: feature 'x' must hold numbers, got bytes_list [b'oops']"
+    props, _ = _run(tmp_path, dict(params, skip_bad_rows=True), "skipped")
+    assert props["bad_rows"] == 1 and sum(props["split_counts"].values()) == 20
+
+
+def test_the_penguin_pipeline_declares_its_numeric_columns(tmp_path, penguin_csv):
+    from pipelines import runner
+    from pipelines.penguin import PIPELINE
+
+    header, *rows = open(penguin_csv, encoding="utf-8").read().splitlines()
+    fields = rows[9].split(",")
+    fields[header.split(",").index("flipper_length_mm")] = "n/a"
+    rows[9] = ",".join(fields)
+    csv = write_csv(tmp_path / "penguins.csv", header, rows)
+    with pytest.raises(InputDataError, match=r"penguins.csv:11: column 'flipper_length_mm' must hold a number, "
+                                             r"got 'n/a'$") as err:
+        runner.run_local(PIPELINE, {"data_path": csv, "epochs": 1})
+    assert err.value.hint == "fix the row, or set skip_bad_rows=true"

@@ -64,6 +64,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     files = sources.expand_inputs(params["input_path"])
     source = params["input_path"]
     required = list(params["required_columns"])
+    numeric = list(params["numeric_columns"])
     split_names = list(params["splits"])
     buckets = [params["splits"][name] for name in split_names]
 
@@ -72,10 +73,11 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         for other in files[1:]:
             if sources.read_csv_header(other) != header:
                 raise InputDataError(f"{other}: header differs from {files[0]}")
-        for name in required:
+        for name in [*required, *numeric]:
             if name not in header:
+                kind = "required" if name in required else "numeric"
                 raise InputDataError(
-                    f"{files[0]}:1: required column {name!r} is missing",
+                    f"{files[0]}:1: {kind} column {name!r} is missing",
                     hint=f"the columns are: {', '.join(header)}",
                 )
     elif not any(sources.has_any_record(f) for f in files):
@@ -86,12 +88,14 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         file_list = pipeline | "ListFiles" >> beam.Create(files)
         if params["input_format"] == "csv":
             rows = file_list | "ReadCsv" >> beam.ParDo(
-                sources.ReadCsvRows(header, params["na_values"], params["skip_bad_rows"])
+                sources.ReadCsvRows(header, params["na_values"], params["skip_bad_rows"], numeric)
             )
             kinds = rows | "InferColumnKinds" >> beam.CombineGlobally(sources.ColumnKinds(header))
             records = rows | "ToExample" >> beam.Map(sources.csv_row_to_example, kinds=beam.pvalue.AsSingleton(kinds))
         else:
-            records = file_list | "ReadTFRecord" >> beam.ParDo(sources.ReadTFRecordExamples(params["skip_bad_rows"]))
+            records = file_list | "ReadTFRecord" >> beam.ParDo(
+                sources.ReadTFRecordExamples(params["skip_bad_rows"], numeric)
+            )
 
         _ = (
             records

@@ -60,13 +60,26 @@ def _kind_of(text: str) -> int:
 
 
 class ReadCsvRows(beam.DoFn):
-    """Yields (file, line, {column: text or None}); a row of the wrong width is an error or skipped."""
+    """Yields (file, line, {column: text or None}); a row of the wrong width, or with a non-number in a
+    numeric column, is an error or is skipped and counted."""
 
-    def __init__(self, header: Sequence[str], na_values: Sequence[str], skip_bad_rows: bool):
+    def __init__(self, header: Sequence[str], na_values: Sequence[str], skip_bad_rows: bool,
+                 numeric_columns: Sequence[str] = ()):
         self._header = list(header)
         self._na = set(na_values)
         self._skip = skip_bad_rows
+        self._numeric = list(numeric_columns)
         self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
+
+    def _problem(self, fields: list[str], values: dict) -> str | None:
+        """What is wrong with a row, or None: its width, or a non-number in a numeric column."""
+        if len(fields) != len(self._header):
+            return f"expected {len(self._header)} fields, got {len(fields)}"
+        for name in self._numeric:
+            value = values[name]
+            if value is not None and _kind_of(value) == BYTES:
+                return f"column {name!r} must hold a number, got {value!r}"
+        return None
 
     def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
         with open(path, newline="", encoding="utf-8") as handle:
@@ -77,16 +90,18 @@ class ReadCsvRows(beam.DoFn):
                     line = reader.line_num
                     if not fields:
                         continue  # a blank line
-                    if len(fields) != len(self._header):
-                        problem = f"{path}:{line}: expected {len(self._header)} fields, got {len(fields)}"
-                        if self._skip:
-                            self._bad.inc()
-                            continue
-                        raise InputDataError(problem, hint="fix the row, or set skip_bad_rows=true")
-                    yield path, line, {
+                    values = {
                         name: (None if value.strip() in self._na else value.strip())
                         for name, value in zip(self._header, fields)
                     }
+                    problem = self._problem(fields, values)
+                    if problem is not None:
+                        if self._skip:
+                            self._bad.inc()
+                            continue
+                        raise InputDataError(f"{path}:{line}: {problem}",
+                                             hint="fix the row, or set skip_bad_rows=true")
+                    yield path, line, values
             except csv.Error as err:
                 raise InputDataError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
             except UnicodeDecodeError as err:
@@ -144,9 +159,24 @@ def csv_row_to_example(row, kinds: dict) -> tuple[str, int, bytes]:
 class ReadTFRecordExamples(beam.DoFn):
     """Yields (file, record index, serialized tf.Example) from plain or GZIP TFRecord files."""
 
-    def __init__(self, skip_bad_rows: bool):
+    def __init__(self, skip_bad_rows: bool, numeric_features: Sequence[str] = ()):
         self._skip = skip_bad_rows
+        self._numeric = list(numeric_features)
         self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
+
+    def _problem(self, record: bytes) -> str | None:
+        """What is wrong with a record, or None: not a tf.Example, or bytes in a numeric feature."""
+        import tensorflow as tf
+
+        try:
+            example = tf.train.Example.FromString(record)
+        except Exception:  # noqa: BLE001 - any decode failure is the same bad record
+            return "not a tf.Example"
+        for name in self._numeric:
+            feature = example.features.feature.get(name)
+            if feature is not None and feature.WhichOneof("kind") == "bytes_list":
+                return f"feature {name!r} must hold numbers, got bytes_list {list(feature.bytes_list.value)[:3]!r}"
+        return None
 
     def process(self, path: str):
         import tensorflow as tf
@@ -156,16 +186,14 @@ class ReadTFRecordExamples(beam.DoFn):
         try:
             for record in tf.data.TFRecordDataset(path, compression_type=compression).as_numpy_iterator():
                 index += 1
-                try:
-                    tf.train.Example.FromString(record)
-                except Exception:  # noqa: BLE001 - any decode failure is the same bad record
+                problem = self._problem(record)
+                if problem is not None:
                     if self._skip:
                         self._bad.inc()
                         continue
                     raise InputDataError(
-                        f"{path}: record {index} is not a tf.Example",
-                        hint="fix the file, or set skip_bad_rows=true",
-                    ) from None
+                        f"{path}: record {index}: {problem}", hint="fix the file, or set skip_bad_rows=true"
+                    )
                 yield path, index, record
         except tf.errors.DataLossError as err:
             raise InputDataError(f"{path}: corrupted TFRecord after record {index} ({err.message})") from None

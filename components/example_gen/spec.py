@@ -30,6 +30,8 @@ EXAMPLE_GEN = ComponentSpec(
         "skip_bad_rows": Parameter(bool, False, help="skip and count malformed rows instead of failing"),
         "na_values": Parameter(list, ["", "NA"], help="CSV cell values that mean missing"),
         "required_columns": Parameter(list, [], help="columns that must exist, e.g. the label"),
+        "numeric_columns": Parameter(list, [], help="columns (or features) that must hold numbers: a value that "
+                                                    "is not one is a bad row, not a reason to read it as text"),
         "schema_path": Parameter((str, type(None)), None, help="a schema.pbtxt the data must match"),
         "num_shards": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0",
                                 help="output shards per split; 0 lets the runner decide"),
