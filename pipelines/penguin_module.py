@@ -44,6 +44,22 @@ def preprocessing_fn(inputs):
     return outputs
 
 
+def _label_classes(tf_transform_output) -> int:
+    """The label vocabulary's size; one class leaves nothing to learn (and Keras would then score
+    "accuracy" as binary accuracy, reporting 0 for a model that is always right), so it is refused."""
+    from components.errors import InputDataError
+
+    classes = tf_transform_output.vocabulary_size_by_name(LABEL_KEY)
+    if classes < 2:
+        values = tf_transform_output.vocabulary_by_name(LABEL_KEY)
+        raise InputDataError(
+            f"label {LABEL_KEY!r}: the training data holds {classes} class(es) "
+            f"({', '.join(v.decode() for v in values) or 'none'}); a classifier needs at least 2",
+            hint="check the data path: it may hold a subset of the data",
+        )
+    return classes
+
+
 def build_model(tf_transform_output, learning_rate: float, accumulation_steps: int = 1):
     """A small MLP over the z-scored measurements and one-hot categories."""
     import tf_keras
@@ -61,7 +77,7 @@ def build_model(tf_transform_output, learning_rate: float, accumulation_steps: i
     x = tf_keras.layers.Concatenate()(encoded)
     for units in (16, 8):
         x = tf_keras.layers.Dense(units, activation="relu")(x)
-    classes = tf_transform_output.vocabulary_size_by_name(LABEL_KEY)
+    classes = _label_classes(tf_transform_output)
     outputs = tf_keras.layers.Dense(classes, activation="softmax")(x)
     if accumulation_steps > 1:
         model = GradientAccumulationModel(inputs, outputs, accumulation_steps=accumulation_steps)
@@ -97,7 +113,7 @@ def build_pipeline_model(tf_transform_output, hp):
 
     from components.trainer.gpipe.pipeline_model import PipelineModel
 
-    classes = tf_transform_output.vocabulary_size_by_name(LABEL_KEY)
+    classes = _label_classes(tf_transform_output)
     layers = [_feature_layer(tf_transform_output), tf_keras.layers.Dense(16, activation="relu"),
               tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(classes, activation="softmax")]
     k = int(hp.get("pipeline_stages", 2))

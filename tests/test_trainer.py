@@ -131,3 +131,18 @@ def test_serving_model_takes_raw_examples(penguin_dag_run, penguin_outputs):
     recorded = penguin_dag_run["summary"].eval_metrics["accuracy"]
     assert accuracy == pytest.approx(recorded, abs=1e-6), "serving must compute what training evaluated"
     assert accuracy > 0.8
+
+
+def test_penguin_module_refuses_a_label_with_one_class(tmp_path, penguin_csv):
+    """Data holding one species used to train "successfully" to loss 0 while Keras scored accuracy 0
+    (binary accuracy on a one-unit output): the module now refuses it, naming the label and class."""
+    from components.errors import InputDataError
+    from pipelines import runner
+    from pipelines.penguin import PIPELINE
+    from tests.conftest import write_csv
+
+    header, *rows = open(penguin_csv, encoding="utf-8").read().splitlines()
+    csv = write_csv(tmp_path / "adelie.csv", header, [r for r in rows if r.startswith("Adelie,")][:60])
+    with pytest.raises(InputDataError, match=r"^label 'species': the training data holds 1 class\(es\) "
+                                             r"\(Adelie\); a classifier needs at least 2$"):
+        runner.run_local(PIPELINE, {"data_path": csv, "epochs": 1})
