@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 
+# The exit status of a process stopped by a user error (bad input or parameters): the CLI's, and a
+# Trainer worker's, which tells the launcher that a restart would fail the same way.
+USER_ERROR_EXIT = 2
+
+
 class HpmlError(Exception):
     """Base class for errors a user can act on; `hint` says what to do about it."""
 

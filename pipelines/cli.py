@@ -9,7 +9,7 @@ import sys
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from components.errors import HpmlError  # noqa: E402
+from components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
 
 
 def _setup_logging(debug: bool) -> None:
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         if err.hint:
             print(f"hint: {err.hint}", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
 
 
 if __name__ == "__main__":

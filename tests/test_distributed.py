@@ -280,6 +280,29 @@ def test_failure_past_retries_is_clear_and_keeps_the_backup(penguin_outputs, tmp
     assert not os.path.exists(outputs["model"])
 
 
+def test_bad_input_in_a_worker_fails_at_once_without_restarts(penguin_outputs, tmp_path):
+    """A restart cannot mend bad data or parameters: the worker exits with USER_ERROR_EXIT, and the
+    launcher stops the job on the first attempt instead of spending its restarts on it."""
+    bad = tmp_path / "bad_input.py"
+    bad.write_text("import os, time\n"
+                   "def run_fn(fn_args):\n"
+                   "    from components.errors import InputDataError\n"
+                   "    from components.trainer.strategies import make_strategy, is_chief\n"
+                   "    make_strategy(fn_args.custom_config['strategy'])\n"
+                   "    if not is_chief():\n"
+                   "        time.sleep(120)\n"
+                   "    with open(os.path.join(fn_args.working_dir, 'attempts'), 'a') as handle:\n"
+                   "        handle.write('attempt\\n')\n"
+                   "    raise InputDataError('data.csv:7: row 7 is bad', hint='fix row 7')\n")
+    outputs = _out(tmp_path, "bad_input")
+    with pytest.raises(LaunchError, match=r"not restarted: worker-0 exited with code 2: "
+                                          r"components.errors.InputDataError: data.csv:7: row 7 is bad") as err:
+        TRAINER.run(_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 2})
+    assert "would fail the same way" in err.value.hint
+    with open(outputs["model"] + ".work/attempts") as handle:
+        assert handle.read().count("attempt") == 1, "the job was restarted for an error no restart mends"
+
+
 def test_worker_count_needs_a_cluster_strategy(penguin_outputs, tmp_path):
     with pytest.raises(SpecError, match="needs strategy multi_worker_mirrored or parameter_server"):
         TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "x"),

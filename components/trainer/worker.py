@@ -65,4 +65,14 @@ def main(job_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    from components.errors import USER_ERROR_EXIT, InputDataError, SpecError
+
+    try:
+        sys.exit(main(sys.argv[1]))
+    except (InputDataError, SpecError):
+        # Bad data or parameters fail every attempt alike: a distinct status keeps the launcher from
+        # restarting the cluster for them. The traceback still ends in the usual exception line.
+        import traceback
+
+        traceback.print_exc()
+        sys.exit(USER_ERROR_EXIT)

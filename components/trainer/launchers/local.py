@@ -2,7 +2,8 @@
 
 Each process gets its own TF_CONFIG with free ports picked at launch. Output streams with a
 per-process prefix. The first process to fail stops the whole cluster; the launcher then
-restarts it (BackupAndRestore resumes training) up to `max_restarts` times. The exception is a
+restarts it (BackupAndRestore resumes training) up to `max_restarts` times, unless that process
+exited with USER_ERROR_EXIT (bad input or parameters, which no restart mends). The exception is a
 worker under parameter servers: the coordinator carries on with the other workers and takes the
 dead one back once it serves again, so only that worker is restarted, on its old address. No
 process is left behind on success, failure, Ctrl-C or SIGTERM, and each worker dies with the launcher
@@ -23,7 +24,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from components.errors import HpmlError
+from components.errors import USER_ERROR_EXIT, HpmlError
 from components.trainer.callbacks import read_progress
 from components.trainer.launchers.stopping import LAUNCHER_PID_ENV, sigterm_raises
 
@@ -231,6 +232,11 @@ class LocalLauncher:
                 if code is None or (code == 0 and proc in finishers):
                     continue
                 reason = _exit_reason(proc, code)
+                if code == USER_ERROR_EXIT:
+                    self._stop_all()
+                    report.failures.append(reason)
+                    raise LaunchError(f"training failed on bad input or parameters, not restarted: {reason}",
+                                      hint="a restart would fail the same way: fix what the error names")
                 if self._restartable_alone(proc) and report.restarts < self.max_restarts:
                     self._restart_alone(proc, reason, report)
                     self._write_pids(pids_path)
