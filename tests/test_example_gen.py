@@ -226,3 +226,18 @@ def test_the_penguin_pipeline_declares_its_numeric_columns(tmp_path, penguin_csv
                                              r"got 'n/a'$") as err:
         runner.run_local(PIPELINE, {"data_path": csv, "epochs": 1})
     assert err.value.hint == "fix the row, or set skip_bad_rows=true"
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a BOM; read as plain UTF-8 it glued itself to the first
+    column's name, so 'species' was reported missing while the hint listed a 'species' column."""
+    plain = write_csv(tmp_path / "plain.csv", HEADER, _rows(40))
+    marked = tmp_path / "excel.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + open(plain, "rb").read())
+    params = {"required_columns": ["species"], "numeric_columns": ["bill_length_mm"]}
+    _, want = _run(tmp_path, {"input_path": plain, **params}, "plain")
+    _, got = _run(tmp_path, {"input_path": str(marked), **params}, "marked")
+    assert open(os.path.join(got["schema"], "schema.pbtxt")).read() == \
+        open(os.path.join(want["schema"], "schema.pbtxt")).read()
+    assert [e.SerializeToString() for e in _read(got["examples"] + "/Split-*/*.gz")] == \
+        [e.SerializeToString() for e in _read(want["examples"] + "/Split-*/*.gz")]

@@ -13,6 +13,10 @@ from components.errors import InputDataError
 
 NAMESPACE = "hpml.example_gen"
 
+# UTF-8, with or without the byte-order mark that spreadsheets (Excel's "CSV UTF-8") write first: read
+# as plain UTF-8 it would stick to the first column's name, which then looks right but matches nothing.
+CSV_ENCODING = "utf-8-sig"
+
 # Column kinds, ordered from narrowest to widest; a column takes the widest kind it needs.
 NONE, INT, FLOAT, BYTES = 0, 1, 2, 3
 
@@ -30,7 +34,7 @@ def expand_inputs(pattern: str) -> list[str]:
 
 def read_csv_header(path: str) -> list[str]:
     """The header row, checked before any Beam work so an empty file fails fast."""
-    with open(path, newline="", encoding="utf-8") as handle:
+    with open(path, newline="", encoding=CSV_ENCODING) as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if not header or not any(h.strip() for h in header):
@@ -82,7 +86,7 @@ class ReadCsvRows(beam.DoFn):
         return None
 
     def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
-        with open(path, newline="", encoding="utf-8") as handle:
+        with open(path, newline="", encoding=CSV_ENCODING) as handle:
             reader = csv.reader(handle)
             try:
                 next(reader)  # header, validated up front
