@@ -241,3 +241,29 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path):
         open(os.path.join(want["schema"], "schema.pbtxt")).read()
     assert [e.SerializeToString() for e in _read(got["examples"] + "/Split-*/*.gz")] == \
         [e.SerializeToString() for e in _read(want["examples"] + "/Split-*/*.gz")]
+
+
+def test_a_row_without_a_label_is_a_bad_row(tmp_path):
+    """A missing label used to pass ExampleGen and Transform (tf.Transform maps it to -1) and only
+    failed mid-training: 'Received a label value of -1 which is outside the valid range'."""
+    rows = _rows(30)
+    rows[2] = "NA,Dream,31.0,2007"
+    csv = write_csv(tmp_path / "nolabel.csv", HEADER, rows)
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": csv, "required_columns": ["species"]}, "strict")
+    assert str(err.value) == f"{csv}:4: required column 'species' has no value"
+    props, _ = _run(tmp_path, {"input_path": csv, "required_columns": ["species"], "skip_bad_rows": True}, "skip")
+    assert props["bad_rows"] == 1 and sum(props["split_counts"].values()) == 29
+    # Other columns may still be missing: only the required ones must hold a value.
+    rows[2] = "Adelie,NA,NA,2007"
+    gaps = write_csv(tmp_path / "gaps.csv", HEADER, rows)
+    assert _run(tmp_path, {"input_path": gaps, "required_columns": ["species"]}, "gaps")[0]["bad_rows"] == 0
+
+    path = str(tmp_path / "nolabel.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(12):
+            label = {"species": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"Adelie"]))} if i != 4 else {}
+            x = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i]))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature={**x, **label})).SerializeToString())
+    with pytest.raises(InputDataError, match=r"nolabel.tfrecord: record 5: required feature 'species' has no value$"):
+        _run(tmp_path, {"input_path": path, "input_format": "tfrecord", "required_columns": ["species"]}, "tfr")

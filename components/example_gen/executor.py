@@ -88,13 +88,13 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         file_list = pipeline | "ListFiles" >> beam.Create(files)
         if params["input_format"] == "csv":
             rows = file_list | "ReadCsv" >> beam.ParDo(
-                sources.ReadCsvRows(header, params["na_values"], params["skip_bad_rows"], numeric)
+                sources.ReadCsvRows(header, params["na_values"], params["skip_bad_rows"], required, numeric)
             )
             kinds = rows | "InferColumnKinds" >> beam.CombineGlobally(sources.ColumnKinds(header))
             records = rows | "ToExample" >> beam.Map(sources.csv_row_to_example, kinds=beam.pvalue.AsSingleton(kinds))
         else:
             records = file_list | "ReadTFRecord" >> beam.ParDo(
-                sources.ReadTFRecordExamples(params["skip_bad_rows"], numeric)
+                sources.ReadTFRecordExamples(params["skip_bad_rows"], required, numeric)
             )
 
         _ = (

@@ -64,21 +64,25 @@ def _kind_of(text: str) -> int:
 
 
 class ReadCsvRows(beam.DoFn):
-    """Yields (file, line, {column: text or None}); a row of the wrong width, or with a non-number in a
-    numeric column, is an error or is skipped and counted."""
+    """Yields (file, line, {column: text or None}); a row of the wrong width, without a value in a required
+    column, or with a non-number in a numeric column, is an error or is skipped and counted."""
 
     def __init__(self, header: Sequence[str], na_values: Sequence[str], skip_bad_rows: bool,
-                 numeric_columns: Sequence[str] = ()):
+                 required_columns: Sequence[str] = (), numeric_columns: Sequence[str] = ()):
         self._header = list(header)
         self._na = set(na_values)
         self._skip = skip_bad_rows
+        self._required = list(required_columns)
         self._numeric = list(numeric_columns)
         self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
 
     def _problem(self, fields: list[str], values: dict) -> str | None:
-        """What is wrong with a row, or None: its width, or a non-number in a numeric column."""
+        """What is wrong with a row, or None."""
         if len(fields) != len(self._header):
             return f"expected {len(self._header)} fields, got {len(fields)}"
+        for name in self._required:
+            if values[name] is None:
+                return f"required column {name!r} has no value"
         for name in self._numeric:
             value = values[name]
             if value is not None and _kind_of(value) == BYTES:
@@ -163,19 +167,27 @@ def csv_row_to_example(row, kinds: dict) -> tuple[str, int, bytes]:
 class ReadTFRecordExamples(beam.DoFn):
     """Yields (file, record index, serialized tf.Example) from plain or GZIP TFRecord files."""
 
-    def __init__(self, skip_bad_rows: bool, numeric_features: Sequence[str] = ()):
+    def __init__(self, skip_bad_rows: bool, required_features: Sequence[str] = (),
+                 numeric_features: Sequence[str] = ()):
         self._skip = skip_bad_rows
+        self._required = list(required_features)
         self._numeric = list(numeric_features)
         self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
 
     def _problem(self, record: bytes) -> str | None:
-        """What is wrong with a record, or None: not a tf.Example, or bytes in a numeric feature."""
+        """What is wrong with a record, or None: not a tf.Example, no value in a required feature, or
+        bytes in a numeric one."""
         import tensorflow as tf
 
         try:
             example = tf.train.Example.FromString(record)
         except Exception:  # noqa: BLE001 - any decode failure is the same bad record
             return "not a tf.Example"
+        for name in self._required:
+            feature = example.features.feature.get(name)
+            kind = feature.WhichOneof("kind") if feature is not None else None
+            if kind is None or not getattr(feature, kind).value:
+                return f"required feature {name!r} has no value"
         for name in self._numeric:
             feature = example.features.feature.get(name)
             if feature is not None and feature.WhichOneof("kind") == "bytes_list":

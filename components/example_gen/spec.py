@@ -29,7 +29,8 @@ EXAMPLE_GEN = ComponentSpec(
                                        help="hash this feature instead of the whole example"),
         "skip_bad_rows": Parameter(bool, False, help="skip and count malformed rows instead of failing"),
         "na_values": Parameter(list, ["", "NA"], help="CSV cell values that mean missing"),
-        "required_columns": Parameter(list, [], help="columns that must exist, e.g. the label"),
+        "required_columns": Parameter(list, [], help="columns that every row must hold a value in, e.g. the "
+                                                     "label: a row without one is a bad row"),
         "numeric_columns": Parameter(list, [], help="columns (or features) that must hold numbers: a value that "
                                                     "is not one is a bad row, not a reason to read it as text"),
         "schema_path": Parameter((str, type(None)), None, help="a schema.pbtxt the data must match"),
