@@ -51,12 +51,24 @@ def cmd_run(args) -> int:
         state = str(getattr(dag_run, "state", "")).lower()
         mlflow_run_id = records.find("airflow.run_id", dag_run.run_id, pipeline.name)
         if not state.endswith("success"):
-            raise HpmlError(f"Airflow DAG run {dag_run.run_id} ended in state {state}",
-                            hint="the task log above names the failing component")
+            _raise_recorded_failure(mlflow_run_id, f"Airflow DAG run {dag_run.run_id} ended in state {state}")
         if mlflow_run_id is None:
             raise HpmlError(f"no run record found for Airflow run {dag_run.run_id}")
     print_summary(records.load(mlflow_run_id))
     return 0
+
+
+def _raise_recorded_failure(mlflow_run_id: str | None, fallback: str) -> None:
+    """The failed component's own error and hint, read from the run record, as the local engine would print
+    them; Airflow ran it in a task process, so the exception itself never reaches this one."""
+    from pipelines import records
+
+    tags = records.load(mlflow_run_id).tags if mlflow_run_id else {}
+    error, node = tags.get("hpml.error"), tags.get("hpml.failed_node")
+    if not (error and node):
+        raise HpmlError(fallback, hint="the task log above names the failing component")
+    raise HpmlError(f"{node} failed: {error}",
+                    hint=tags.get("hpml.error_hint") or f"{fallback}; the task log above has the traceback")
 
 
 def cmd_runs(args) -> int:

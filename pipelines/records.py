@@ -154,6 +154,8 @@ def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException) -> None:
     mlflow_client = client()
     mlflow_client.set_tag(mlflow_run_id, "hpml.failed_node", node_id)
     mlflow_client.set_tag(mlflow_run_id, "hpml.error", f"{type(error).__name__}: {error}"[:5000])
+    if getattr(error, "hint", None):
+        mlflow_client.set_tag(mlflow_run_id, "hpml.error_hint", str(error.hint)[:5000])
     mlflow_client.set_terminated(mlflow_run_id, status="FAILED")
 
 

@@ -109,6 +109,23 @@ def test_errors_are_one_line_plus_hint_without_traceback(args, first_line):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("engine", ["local", "airflow"])
+def test_a_failed_component_ends_in_its_own_error_and_hint_on_either_engine(engine, airflow_db, tmp_path):
+    """Under Airflow the component fails in a task process: the CLI reads its error and hint back from the
+    run record instead of printing only the DAG run's state."""
+    from tests.conftest import write_csv
+
+    csv = write_csv(tmp_path / "penguins.csv", "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,"
+                    "body_mass_g,sex,year", ["Adelie,Dream,39.1,18.7,181,3750,male,2007"] * 5
+                    + ["Adelie,Dream,39.1,18.7,181,heavy,male,2007"])
+    done = _hpml("run", "penguin", "--engine", engine, "--param", f"data_path={csv}")
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    where = "ExampleGen failed: InputDataError: " if engine == "airflow" else ""
+    assert lines[-2:] == [f"error: {where}{csv}:7: column 'body_mass_g' must hold a number, got 'heavy'",
+                          "hint: fix the row, or set skip_bad_rows=true"]
+
+
 def _local_run_histories(conf: dict) -> tuple[str, dict]:
     """A local-engine penguin run with `conf`: its MLflow run id and every loss/accuracy history."""
     args = [part for name, value in conf.items() for part in ("--param", f"{name}={value}")]
