@@ -267,3 +267,17 @@ def test_a_row_without_a_label_is_a_bad_row(tmp_path):
             writer.write(tf.train.Example(features=tf.train.Features(feature={**x, **label})).SerializeToString())
     with pytest.raises(InputDataError, match=r"nolabel.tfrecord: record 5: required feature 'species' has no value$"):
         _run(tmp_path, {"input_path": path, "input_format": "tfrecord", "required_columns": ["species"]}, "tfr")
+
+
+def test_a_spark_style_output_directory_reads_only_its_data_files(tmp_path):
+    """Spark and Hadoop leave an empty _SUCCESS marker and hidden .crc checksums beside the part files;
+    as in Hadoop's input formats they are not data, so the directory reads as its parts alone."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    rows = _rows(40)
+    write_csv(folder / "part-00000.csv", HEADER, rows[:25])
+    write_csv(folder / "part-00001.csv", HEADER, rows[25:])
+    (folder / "_SUCCESS").write_bytes(b"")
+    (folder / ".part-00000.csv.crc").write_bytes(b"crc\x00\x9f")
+    props, _ = _run(tmp_path, {"input_path": str(folder)})
+    assert props["input_files"] == 2 and sum(props["split_counts"].values()) == 40

@@ -22,9 +22,12 @@ NONE, INT, FLOAT, BYTES = 0, 1, 2, 3
 
 
 def expand_inputs(pattern: str) -> list[str]:
-    """The input files for a path, directory or glob; a clear error when there are none."""
+    """The input files for a path, directory or glob; a clear error when there are none. A directory's
+    hidden and `_`-prefixed files (`.DS_Store`, Spark's `_SUCCESS`, `.crc` checksums) are not data, as in
+    Hadoop's input formats; a glob is taken as written."""
     if os.path.isdir(pattern):
-        files = sorted(p for p in glob.glob(os.path.join(pattern, "*")) if os.path.isfile(p))
+        files = sorted(p for p in glob.glob(os.path.join(pattern, "*"))
+                       if os.path.isfile(p) and not os.path.basename(p).startswith("_"))
     else:
         files = sorted(glob.glob(pattern))
     if not files:
