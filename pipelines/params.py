@@ -22,7 +22,8 @@ def training_params_schema(default_data_path: str) -> dict:
             "data_path": {
                 "type": "string", "minLength": 1, "default": default_data_path,
                 "title": "Data path",
-                "description": "CSV file, directory or glob to ingest. Must lie under HPML_DATA_ROOTS.",
+                "description": "CSV file (plain or GZIP), directory or glob to ingest. Must lie under "
+                               "HPML_DATA_ROOTS.",
             },
             "epochs": {
                 "type": "integer", "minimum": 1, "maximum": 1000, "default": 10,

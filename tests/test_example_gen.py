@@ -281,3 +281,24 @@ def test_a_spark_style_output_directory_reads_only_its_data_files(tmp_path):
     (folder / ".part-00000.csv.crc").write_bytes(b"crc\x00\x9f")
     props, _ = _run(tmp_path, {"input_path": str(folder)})
     assert props["input_files"] == 2 and sum(props["split_counts"].values()) == 40
+
+
+def test_gzip_csv_parts_read_like_plain_ones_and_unreadable_files_are_named(tmp_path):
+    plain = write_csv(tmp_path / "plain.csv", HEADER, _rows(40))
+    packed = tmp_path / "packed.csv.gz"
+    packed.write_bytes(gzip.compress(open(plain, "rb").read()))
+    _, want = _run(tmp_path, {"input_path": plain}, "plain")
+    _, got = _run(tmp_path, {"input_path": str(packed)}, "packed")
+    assert [e.SerializeToString() for e in _read(got["examples"] + "/Split-*/*.gz")] == \
+        [e.SerializeToString() for e in _read(want["examples"] + "/Split-*/*.gz")]
+
+    truncated = tmp_path / "truncated.csv.gz"
+    truncated.write_bytes(gzip.compress(open(plain, "rb").read() * 50)[:-200])
+    with pytest.raises(InputDataError, match=r"truncated.csv.gz: corrupted GZIP data after line \d+ "):
+        _run(tmp_path, {"input_path": str(truncated)}, "truncated")
+    # Excel's "Unicode text" is UTF-16: this used to end in a bare UnicodeDecodeError traceback.
+    utf16 = tmp_path / "utf16.csv"
+    utf16.write_bytes(open(plain, encoding="utf-8").read().encode("utf-16"))
+    with pytest.raises(InputDataError, match=r"utf16.csv: not UTF-8 text \(invalid start byte\)$") as err:
+        _run(tmp_path, {"input_path": str(utf16)}, "utf16")
+    assert err.value.hint == "save the file as UTF-8 CSV"

@@ -5,6 +5,7 @@ import csv
 import glob
 import gzip
 import os
+import zlib
 from typing import Iterator, Sequence
 
 import apache_beam as beam
@@ -35,21 +36,48 @@ def expand_inputs(pattern: str) -> list[str]:
     return files
 
 
+def open_csv(path: str):
+    """A CSV file as text, GZIP-compressed (Spark's `.csv.gz` parts) or not: the magic bytes decide."""
+    opener = gzip.open if _is_gzip(path) else open
+    return opener(path, "rt", newline="", encoding=CSV_ENCODING)
+
+
+# What reading a CSV file can raise besides our own errors: bad quoting, bytes that are not UTF-8, or a
+# truncated or corrupted GZIP stream.
+_READ_ERRORS = (csv.Error, UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def _unreadable(path: str, line: int, err: Exception) -> InputDataError:
+    """One clear error, naming the file (and line where it means something), for any of _READ_ERRORS."""
+    if isinstance(err, csv.Error):
+        return InputDataError(f"{path}:{line}: malformed CSV ({err})")
+    if isinstance(err, UnicodeDecodeError):
+        return InputDataError(f"{path}: not UTF-8 text ({err.reason})", hint="save the file as UTF-8 CSV")
+    return InputDataError(f"{path}: corrupted GZIP data after line {line} ({err})")
+
+
 def read_csv_header(path: str) -> list[str]:
-    """The header row, checked before any Beam work so an empty file fails fast."""
-    with open(path, newline="", encoding=CSV_ENCODING) as handle:
+    """The header row, checked before any Beam work so an empty or unreadable file fails fast."""
+    with open_csv(path) as handle:
         reader = csv.reader(handle)
-        header = next(reader, None)
-        if not header or not any(h.strip() for h in header):
-            raise InputDataError(f"{path}: the file is empty (no header row)")
-        names = [h.strip() for h in header]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise InputDataError(f"{path}:1: duplicate column name(s) {', '.join(duplicates)}")
-        if any(not n for n in names):
-            raise InputDataError(f"{path}:1: a column has an empty name")
-        if next(reader, None) is None:
-            raise InputDataError(f"{path}: the file has a header but no data rows")
+        try:
+            return _check_header(path, reader)
+        except _READ_ERRORS as err:
+            raise _unreadable(path, reader.line_num, err) from None
+
+
+def _check_header(path: str, reader) -> list[str]:
+    header = next(reader, None)
+    if not header or not any(h.strip() for h in header):
+        raise InputDataError(f"{path}: the file is empty (no header row)")
+    names = [h.strip() for h in header]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InputDataError(f"{path}:1: duplicate column name(s) {', '.join(duplicates)}")
+    if any(not n for n in names):
+        raise InputDataError(f"{path}:1: a column has an empty name")
+    if next(reader, None) is None:
+        raise InputDataError(f"{path}: the file has a header but no data rows")
     return names
 
 
@@ -93,7 +121,7 @@ class ReadCsvRows(beam.DoFn):
         return None
 
     def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
-        with open(path, newline="", encoding=CSV_ENCODING) as handle:
+        with open_csv(path) as handle:
             reader = csv.reader(handle)
             try:
                 next(reader)  # header, validated up front
@@ -113,10 +141,8 @@ class ReadCsvRows(beam.DoFn):
                         raise InputDataError(f"{path}:{line}: {problem}",
                                              hint="fix the row, or set skip_bad_rows=true")
                     yield path, line, values
-            except csv.Error as err:
-                raise InputDataError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
-            except UnicodeDecodeError as err:
-                raise InputDataError(f"{path}: not UTF-8 text ({err.reason})") from None
+            except _READ_ERRORS as err:
+                raise _unreadable(path, reader.line_num, err) from None
 
 
 class ColumnKinds(beam.CombineFn):
