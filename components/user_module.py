@@ -16,13 +16,21 @@ def load_function(module: str, name: str) -> Callable:
     if module.endswith(".py"):
         if not os.path.isfile(module):
             raise SpecError(f"module file {module} does not exist")
-        digest = hashlib.sha256(os.path.abspath(module).encode()).hexdigest()[:10]
+        # Keyed by path and content, as TFX keys module files: an edited file is loaded afresh in a
+        # long-lived process (a notebook, a test session) instead of the stale copy being reused.
+        with open(module, "rb") as handle:
+            digest = hashlib.sha256(os.path.abspath(module).encode() + b"\0" + handle.read()).hexdigest()[:10]
         mod_name = f"hpml_user_{os.path.splitext(os.path.basename(module))[0]}_{digest}"
         if mod_name not in sys.modules:
             spec = importlib.util.spec_from_file_location(mod_name, module)
             loaded = importlib.util.module_from_spec(spec)
             sys.modules[mod_name] = loaded
-            spec.loader.exec_module(loaded)
+            try:
+                spec.loader.exec_module(loaded)
+            except Exception as err:
+                del sys.modules[mod_name]  # a half-run module must not pass for a loaded one next time
+                where = f"{module}:{err.lineno}" if isinstance(err, SyntaxError) else module
+                raise SpecError(f"user module {where} failed to load: {type(err).__name__}: {err}") from err
         loaded = sys.modules[mod_name]
     else:
         try:
