@@ -131,12 +131,18 @@ def cmd_runs(args) -> int:
     for run in runs:
         started = datetime.datetime.fromtimestamp(run.info.start_time / 1000, datetime.timezone.utc)
         table.add_row(
-            run.info.run_id[:records.SHORT_ID], run.info.run_name, run.info.status, f"{started:%Y-%m-%d %H:%M}",
+            run.info.run_id[:records.SHORT_ID], run.info.run_name, _status(run), f"{started:%Y-%m-%d %H:%M}",
             _fmt(run.data.metrics.get("eval_accuracy")), run.data.params.get("strategy", "-"),
             run.data.params.get("epochs", "-"),
         )
     console.print(table)
     return 0
+
+
+def _status(run) -> str:
+    """The run's status; a failed run's second line names the component that failed."""
+    failed_node = run.data.tags.get("hpml.failed_node")
+    return f"{run.info.status}\n{failed_node}" if run.info.status == "FAILED" and failed_node else run.info.status
 
 
 def cmd_report(args) -> int:
