@@ -6,6 +6,7 @@ test is our render/submit/wait code and the real kubernetes client speaking HTTP
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -142,16 +143,53 @@ def test_wait_rides_out_transient_status_errors(api_client):
 def test_wait_ends_on_a_job_that_is_gone_or_a_server_that_stays_down(api_client):
     from kubernetes.client.rest import ApiException
 
-    from components.trainer.launchers.polling import MAX_READ_ERRORS
-
     _FakeApiServer.statuses = [404]
     with pytest.raises(ApiException) as gone:
         k8s.wait("penguin-train", "ml", api_client, timeout_s=10, poll_s=0.01)
     assert gone.value.status == 404 and _FakeApiServer.gets == 1, "a missing job is not retried"
     _FakeApiServer.statuses, _FakeApiServer.gets = [503], 0
+    started = time.monotonic()
     with pytest.raises(ApiException) as down:
-        k8s.wait("penguin-train", "ml", api_client, timeout_s=10, poll_s=0.01)
-    assert down.value.status == 503 and _FakeApiServer.gets == MAX_READ_ERRORS + 1
+        k8s.wait("penguin-train", "ml", api_client, timeout_s=10, poll_s=0.01, outage_s=0.3)
+    assert down.value.status == 503 and 0.3 <= time.monotonic() - started < 3
+    assert _FakeApiServer.gets > 5, "reads that fail fast are retried for the whole allowance"
+
+
+def test_the_outage_allowance_is_time_so_slow_failing_reads_do_not_multiply_it():
+    """aiplatform retries each read for up to 2 minutes before it raises: counted in reads, 5 retries
+    meant a Vertex outage went unnoticed for 10 minutes or more. Counted in time, the wait ends alike."""
+    from google.api_core import exceptions
+
+    from components.trainer.launchers.polling import poll
+
+    reads = []
+
+    def slow_failing_read():
+        reads.append(time.monotonic())
+        time.sleep(0.2)  # the client's own retries
+        raise exceptions.RetryError("read timed out after its retries", None)
+
+    started = time.monotonic()
+    with pytest.raises(exceptions.RetryError):
+        list(poll(slow_failing_read, what="CustomJob 1", timeout_s=30, poll_s=0.01,
+                  transient=vertex._transient, outage_s=0.5))
+    # Reads end at about 0.2, 0.4 and 0.6 s: the third is past the allowance (5 retries counted took 1.2 s).
+    assert 2 <= len(reads) <= 3 and time.monotonic() - started < 1.0
+
+    answers = iter([RuntimeError("503")] * 3 + ["RUNNING"] + [RuntimeError("503")] * 3 + ["SUCCEEDED"])
+
+    def flaky_read():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    seen = []
+    for state in poll(flaky_read, what="job", timeout_s=30, poll_s=0.02, transient=lambda e: True, outage_s=1.0):
+        seen.append(state)
+        if state == "SUCCEEDED":
+            break
+    assert seen == ["RUNNING", "SUCCEEDED"], "a good read starts the allowance afresh"
 
 
 def test_vertex_worker_pools_are_valid_protos():

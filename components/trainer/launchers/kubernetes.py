@@ -14,7 +14,7 @@ import yaml
 
 from components.errors import HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
-from components.trainer.launchers.polling import poll
+from components.trainer.launchers.polling import MAX_OUTAGE_S, poll
 from components.trainer.launchers.stopping import wait_or_stop_job
 
 log = logging.getLogger("hpml.launcher.kubernetes")
@@ -69,7 +69,8 @@ class TFJobFailed(HpmlError):
     """The TFJob reached its Failed condition: the training operator has stopped its pods."""
 
 
-def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, poll_s: float = 10.0) -> dict:
+def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, poll_s: float = 10.0,
+         outage_s: float = MAX_OUTAGE_S) -> dict:
     """Poll the TFJob's conditions until it Succeeded (returns its status) or Failed (raises)."""
     from kubernetes import client
 
@@ -78,7 +79,7 @@ def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, po
     read = lambda: api.get_namespaced_custom_object_status(  # noqa: E731
         GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT_S)
     for obj in poll(read, what=f"TFJob {namespace}/{name}", timeout_s=timeout_s, poll_s=poll_s,
-                    transient=_transient):
+                    transient=_transient, outage_s=outage_s):
         status = obj.get("status") or {}
         conditions = [c for c in status.get("conditions", []) if c.get("status") == "True"]
         latest = conditions[-1]["type"] if conditions else None

@@ -8,7 +8,7 @@ import logging
 
 from components.errors import HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
-from components.trainer.launchers.polling import poll
+from components.trainer.launchers.polling import MAX_OUTAGE_S, poll
 from components.trainer.launchers.stopping import wait_or_stop_job
 
 log = logging.getLogger("hpml.launcher.vertex")
@@ -50,7 +50,7 @@ class CustomJobFailed(HpmlError):
     """The CustomJob ended FAILED or CANCELLED: Vertex has stopped its replicas."""
 
 
-def wait(custom_job, timeout_s: float, poll_s: float) -> str:
+def wait(custom_job, timeout_s: float, poll_s: float, outage_s: float = MAX_OUTAGE_S) -> str:
     """Poll the job's state until it succeeded (returns the state's name), failed or was cancelled (raises)."""
     from google.cloud.aiplatform.compat.types import job_state
 
@@ -58,7 +58,7 @@ def wait(custom_job, timeout_s: float, poll_s: float) -> str:
     name = custom_job.resource_name
     last = None
     for state in poll(lambda: custom_job.state, what=f"CustomJob {name}", timeout_s=timeout_s, poll_s=poll_s,
-                      transient=_transient):  # .state fetches the job again
+                      transient=_transient, outage_s=outage_s):  # .state fetches the job again
         if state != last:
             log.info("CustomJob %s: %s", name, state.name)
             last = state
