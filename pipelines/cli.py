@@ -157,7 +157,9 @@ def cmd_report(args) -> int:
     if args.open:
         import webbrowser
 
-        webbrowser.open(f"file://{path}")
+        if not webbrowser.open(f"file://{path}"):
+            print("note: no web browser could be started here (none found, or it failed); open the path above, "
+                  "or name one in BROWSER", file=sys.stderr)
     return 0
 
 

@@ -77,6 +77,24 @@ def test_report_prints_the_run_reports_path(local_run):
     assert "run report: " + run.tags["hpml.report"] in local_run.stderr
 
 
+def test_report_open_hands_the_report_to_the_browser_or_says_it_could_not(local_run, tmp_path):
+    from pipelines import records
+
+    run = records.load(records.recent("penguin", 1)[0].info.run_id)
+    browser = tmp_path / "browser.sh"
+    browser.write_text(f"#!/bin/sh\necho \"$1\" > {tmp_path / 'opened'}\n")
+    browser.chmod(0o755)
+    env = dict(os.environ, BROWSER=str(browser))
+    done = subprocess.run([*HPML, "report", run.run_name, "--open"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "opened").read_text().strip() == "file://" + run.tags["hpml.report"]
+    assert "no web browser" not in done.stderr
+    env["BROWSER"] = "false"  # a browser that fails to start, as where there is none
+    done = subprocess.run([*HPML, "report", run.run_name, "--open"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == run.tags["hpml.report"]
+    assert "note: no web browser could be started here" in done.stderr
+
+
 def test_help_lists_the_commands_the_readme_documents():
     done = _hpml("--help")
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
