@@ -82,11 +82,18 @@ def cmd_runs(args) -> int:
     if args.action == "compare":
         if len(args.runs) != 2:
             raise HpmlError("runs compare takes two run ids", hint="hpml runs compare RUN_A RUN_B")
-        a, b = (records.load(records.resolve(r)) for r in args.runs)
+        ids = [records.resolve(r) for r in args.runs]
+        if ids[0] == ids[1]:
+            raise HpmlError(f"{args.runs[0]!r} and {args.runs[1]!r} are the same run ({ids[0][:records.SHORT_ID]})",
+                            hint="compare two different runs; hpml runs lists them")
+        a, b = (records.load(i) for i in ids)
+        # Runs that share a name (a re-used Airflow run id, say) are told apart by their ids.
+        labels = [a.run_name, b.run_name] if a.run_name != b.run_name else \
+            [f"{r.run_name} ({r.mlflow_run_id[:records.SHORT_ID]})" for r in (a, b)]
         table = Table(title="run comparison")
         table.add_column("")
-        table.add_column(a.run_name)
-        table.add_column(b.run_name)
+        table.add_column(labels[0])
+        table.add_column(labels[1])
         for key in sorted(set(a.params) | set(b.params)):
             va, vb = a.params.get(key, "-"), b.params.get(key, "-")
             table.add_row(f"param {key}", va, vb, style=None if va == vb else "bold")
@@ -101,7 +108,7 @@ def cmd_runs(args) -> int:
         folder = os.path.join(hpml_home(), "compare")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"{a.mlflow_run_id[:8]}_vs_{b.mlflow_run_id[:8]}.png")
-        plot_overlay([a.mlflow_run_id, b.mlflow_run_id], [a.run_name, b.run_name], path)
+        plot_overlay([a.mlflow_run_id, b.mlflow_run_id], labels, path)
         console.print(f"overlay plot: {path}", soft_wrap=True)
         return 0
     if args.runs:

@@ -67,6 +67,20 @@ def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run)
     assert open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compare_refuses_one_run_twice_and_tells_apart_runs_that_share_a_name():
+    from pipelines import records
+
+    first, second = (records.start("penguin", "rerun", {"epochs": epochs}, {}) for epochs in (1, 2))
+    done = _hpml("runs", "compare", first, first[:6].upper())
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-2] == \
+        f"error: '{first}' and '{first[:6].upper()}' are the same run ({first[:8]})"
+    done = _hpml("runs", "compare", first, second)
+    assert done.returncode == 0, done.stderr
+    header = next(line for line in done.stdout.splitlines() if "rerun (" in line)
+    assert f"rerun ({first[:8]})" in header and f"rerun ({second[:8]})" in header
+
+
 def test_report_prints_the_run_reports_path(local_run):
     from pipelines import records
 
