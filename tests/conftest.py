@@ -6,7 +6,12 @@ before anything imports airflow or mlflow.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+
+if "conftest" in sys.modules and "tests.conftest" in sys.modules:
+    raise ImportError("tests/conftest.py was imported a second time (as tests.conftest), which would start a new "
+                      "session HPML_HOME mid-session: import shared helpers from tests.helpers instead")
 
 _SESSION_HOME = tempfile.mkdtemp(prefix="hpml-test-")
 os.environ["HPML_HOME"] = _SESSION_HOME
@@ -20,14 +25,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests.helpers import TINY_EPOCHS  # noqa: E402
+
 # Four logical CPU devices stand in for GPUs (Mirrored, CentralStorage, GPipe stages).
 # This must happen before TensorFlow initialises its devices.
 LOGICAL_CPUS = 4
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS
 )
-
-TINY_EPOCHS = 3
 
 
 @pytest.fixture(scope="session")
@@ -62,12 +67,6 @@ def penguin_dag_run(airflow_db):
 def penguin_outputs(penguin_dag_run):
     """{node: {output: uri}} of the shared DAG run."""
     return penguin_dag_run["summary"].outputs
-
-
-def write_csv(path, header: str, rows: list[str]) -> str:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(header + "\n" + "".join(r + "\n" for r in rows))
-    return str(path)
 
 
 @pytest.fixture(scope="session")

@@ -70,7 +70,7 @@ def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run)
 def test_compare_refuses_one_run_twice_and_tells_apart_runs_that_share_a_name():
     from pipelines import records
 
-    first, second = (records.start("penguin", "rerun", {"epochs": epochs}, {}) for epochs in (1, 2))
+    first, second = (records.start("compare_test", "rerun", {"epochs": epochs}, {}) for epochs in (1, 2))
     done = _hpml("runs", "compare", first, first[:6].upper())
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-2] == \
@@ -145,7 +145,7 @@ def test_errors_are_one_line_plus_hint_without_traceback(args, first_line):
 def test_a_failed_component_ends_in_its_own_error_and_hint_on_either_engine(engine, airflow_db, tmp_path):
     """Under Airflow the component fails in a task process: the CLI reads its error and hint back from the
     run record instead of printing only the DAG run's state."""
-    from tests.conftest import write_csv
+    from tests.helpers import write_csv
 
     csv = write_csv(tmp_path / "penguins.csv", "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,"
                     "body_mass_g,sex,year", ["Adelie,Dream,39.1,18.7,181,3750,male,2007"] * 5

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import TINY_EPOCHS
+from tests.helpers import TINY_EPOCHS
 
 TASKS = ["start_run", "ExampleGen", "Transform", "Trainer", "finish_run"]
 

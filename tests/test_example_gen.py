@@ -9,7 +9,7 @@ import tensorflow as tf
 from components.errors import InputDataError
 from components.example_gen import EXAMPLE_GEN
 from components.example_gen.schema_inference import read_schema, write_schema
-from tests.conftest import write_csv
+from tests.helpers import write_csv
 
 HEADER = "species,island,bill_length_mm,year"
 

@@ -139,7 +139,7 @@ def test_penguin_module_refuses_a_label_with_one_class(tmp_path, penguin_csv):
     from components.errors import InputDataError
     from pipelines import runner
     from pipelines.penguin import PIPELINE
-    from tests.conftest import write_csv
+    from tests.helpers import write_csv
 
     header, *rows = open(penguin_csv, encoding="utf-8").read().splitlines()
     csv = write_csv(tmp_path / "adelie.csv", header, [r for r in rows if r.startswith("Adelie,")][:60])
