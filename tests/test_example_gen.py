@@ -302,3 +302,23 @@ def test_gzip_csv_parts_read_like_plain_ones_and_unreadable_files_are_named(tmp_
     with pytest.raises(InputDataError, match=r"utf16.csv: not UTF-8 text \(invalid start byte\)$") as err:
         _run(tmp_path, {"input_path": str(utf16)}, "utf16")
     assert err.value.hint == "save the file as UTF-8 CSV"
+
+
+def test_nan_in_a_numeric_column_is_missing_and_infinity_is_a_bad_row(tmp_path):
+    """pandas and numpy write a missing number as NaN. Kept as a value it made the column's mean NaN, and
+    every z-score with it: the penguin model fell from 0.94 to 0.44 eval accuracy over one NaN cell."""
+    rows = _rows(30)
+    rows[3] = "Adelie,Dream,NaN,2007"
+    rows[4] = "Adelie,Dream,nan,2007"
+    csv = write_csv(tmp_path / "nan.csv", HEADER, rows)
+    props, out = _run(tmp_path, {"input_path": csv, "numeric_columns": ["bill_length_mm"]}, "nan")
+    assert props["bad_rows"] == 0
+    examples = _read(out["examples"] + "/Split-*/*.gz")
+    assert len(examples) == 30 and sum("bill_length_mm" not in e.features.feature for e in examples) == 2
+    values = [v for e in examples for v in e.features.feature["bill_length_mm"].float_list.value]
+    assert all(v == v for v in values), "no NaN may reach the examples"
+    rows[4] = "Adelie,Dream,-inf,2007"
+    inf = write_csv(tmp_path / "inf.csv", HEADER, rows)
+    with pytest.raises(InputDataError, match=r"inf.csv:6: column 'bill_length_mm' must hold a finite number, "
+                                             r"got '-inf'$"):
+        _run(tmp_path, {"input_path": inf, "numeric_columns": ["bill_length_mm"]}, "inf")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import glob
 import gzip
+import math
 import os
 import zlib
 from typing import Iterator, Sequence
@@ -96,7 +97,7 @@ def _kind_of(text: str) -> int:
 
 class ReadCsvRows(beam.DoFn):
     """Yields (file, line, {column: text or None}); a row of the wrong width, without a value in a required
-    column, or with a non-number in a numeric column, is an error or is skipped and counted."""
+    column, or with a non-number or an infinity in a numeric column, is an error or is skipped and counted."""
 
     def __init__(self, header: Sequence[str], na_values: Sequence[str], skip_bad_rows: bool,
                  required_columns: Sequence[str] = (), numeric_columns: Sequence[str] = ()):
@@ -105,7 +106,18 @@ class ReadCsvRows(beam.DoFn):
         self._skip = skip_bad_rows
         self._required = list(required_columns)
         self._numeric = list(numeric_columns)
+        self._numeric_names = set(numeric_columns)
         self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
+
+    def _cell(self, name: str, value: str) -> str | None:
+        """A cell's text, or None where it is missing: one of na_values, or NaN in a numeric column. NaN is how
+        pandas and numpy write a missing number; kept as a value, it would turn the column's mean (and every
+        z-score computed from it) into NaN."""
+        value = value.strip()
+        if value in self._na or (name in self._numeric_names and _kind_of(value) != BYTES
+                                 and math.isnan(float(value))):
+            return None
+        return value
 
     def _problem(self, fields: list[str], values: dict) -> str | None:
         """What is wrong with a row, or None."""
@@ -118,6 +130,8 @@ class ReadCsvRows(beam.DoFn):
             value = values[name]
             if value is not None and _kind_of(value) == BYTES:
                 return f"column {name!r} must hold a number, got {value!r}"
+            if value is not None and math.isinf(float(value)):
+                return f"column {name!r} must hold a finite number, got {value!r}"
         return None
 
     def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
@@ -129,10 +143,7 @@ class ReadCsvRows(beam.DoFn):
                     line = reader.line_num
                     if not fields:
                         continue  # a blank line
-                    values = {
-                        name: (None if value.strip() in self._na else value.strip())
-                        for name, value in zip(self._header, fields)
-                    }
+                    values = {name: self._cell(name, value) for name, value in zip(self._header, fields)}
                     problem = self._problem(fields, values)
                     if problem is not None:
                         if self._skip:
