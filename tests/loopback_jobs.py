@@ -29,11 +29,28 @@ class Replica:
 
     def __init__(self, name: str, command: list[str], env: dict[str, str], tf_config: dict, log_path: Path):
         self.name, self.log_path = name, log_path
-        argv = [sys.executable if part == "python" else part for part in command]
+        self.restarts = 0
+        self._argv = [sys.executable if part == "python" else part for part in command]
+        self._env = dict(os.environ, **env, TF_CONFIG=json.dumps(tf_config))
         self.log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(argv, env=dict(os.environ, **env, TF_CONFIG=json.dumps(tf_config)),
-                                      cwd=PROJECT_ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+        self._start()
+
+    def _start(self):
+        self.log.flush()
+        self.log_start = self.log_path.stat().st_size  # a restarted container's log starts afresh
+        self.popen = subprocess.Popen(self._argv, env=self._env, cwd=PROJECT_ROOT, stdout=self.log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    def restart(self):
+        """Run the container command again in place, as the kubelet does under restartPolicy OnFailure."""
+        self.restarts += 1
+        self._start()
+
+    def current_log(self) -> str:
+        """What the process running now (or last) wrote, not counting the runs before its last restart."""
+        with open(self.log_path, "rb") as handle:
+            handle.seek(self.log_start)
+            return handle.read().decode("utf-8", errors="replace")
 
     def tail(self, lines: int = 3) -> str:
         text = [line for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()

@@ -47,6 +47,7 @@ def test_mwms_tfjob_is_valid_and_complete(tfjob_schema):
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["command"] == ["python", "-m", "components.trainer.worker", "/mnt/hpml/job.json"]
     assert {"name": "TF_USE_LEGACY_KERAS", "value": "1"} in container["env"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError", "wait() quotes the failed worker's log"
     assert manifest["metadata"] == {"name": "penguin-train", "namespace": "ml",
                                     "labels": {"app.kubernetes.io/part-of": "hpml"}}
 
@@ -92,6 +93,8 @@ class _FakeApiServer(BaseHTTPRequestHandler):
         self._reply(201, body)
 
     def do_GET(self):
+        if self.path.startswith("/api/v1/"):  # the job's pods: none here (tests/k8s_standin.py has them)
+            return self._reply(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})
         type(self).gets += 1
         status = type(self).statuses.pop(0) if len(type(self).statuses) > 1 else type(self).statuses[0]
         if isinstance(status, int):  # an HTTP error in place of a status

@@ -67,11 +67,49 @@ def test_a_failed_tfjob_fails_the_trainer_with_the_replicas_error(penguin_output
             raise RuntimeError("the cluster's data mount is empty")
     '''))
     out = _out(tmp_path, "failed")
-    # Both replicas run the broken run_fn; whichever the operator sees exit first is the one named.
-    with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+ failed: (chief|worker)-0 exited with code 1: .*"
-                                        r"the cluster's data mount is empty"):
-        TRAINER.run(_inputs(penguin_outputs), out, _params(module=str(module)))
+    # The operator's condition names no error; the message quotes the worker's own, from its pod's termination
+    # message. Both replicas run the broken run_fn; whichever the operator sees exit first is the one named.
+    with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+ failed: TFJob .* has failed because 1 "
+                                        r"(Chief|Worker) replica\(s\) failed. pod hpml-trainer-\w+-\w+-"
+                                        r"(chief|worker)-0 exited with code 1: RuntimeError: the cluster's data mount "
+                                        r"is empty"):
+        TRAINER.run(_inputs(penguin_outputs), out, _params(module=str(module), max_restarts=1))
+    (job,) = operator.jobs.values()
+    assert sum(r.restarts for r in job["replicas"]) == 1, "an ordinary crash is the operator's to restart"
     assert not os.path.exists(out["model"]) and not os.path.exists(out["model_run"]), "nothing half-published"
+
+
+BAD_INPUT = textwrap.dedent('''
+    import os, time
+
+    def run_fn(fn_args):
+        from components.errors import InputDataError
+        from components.trainer.strategies import is_chief
+        if not is_chief():
+            time.sleep(300)
+        with open(os.path.join(fn_args.working_dir, "attempts"), "a") as handle:
+            handle.write("attempt\\n")
+        raise InputDataError("data.csv:7: row 7 is bad", hint="fix row 7")
+''')
+
+
+def test_bad_input_on_a_tfjob_stops_the_job_instead_of_restarting_it(penguin_outputs, operator, tmp_path):
+    """Under restartPolicy OnFailure the operator would rerun a worker that refused its input up to backoffLimit
+    times, each failing alike. The launcher sees the exit code (2) in the pod's status and deletes the job."""
+    module = tmp_path / "bad_input.py"
+    module.write_text(BAD_INPUT)
+    out = _out(tmp_path, "bad_input")
+    with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+: pod hpml-trainer-\w+-\w+-chief-0 exited "
+                                        r"with code 2: components.errors.InputDataError: data.csv:7: row 7 is bad "
+                                        r"hint: fix row 7; bad input or parameters, so the job is stopped, not "
+                                        r"restarted") as err:
+        TRAINER.run(_inputs(penguin_outputs), out, _params(module=str(module), max_restarts=2))
+    assert "would fail the same way" in err.value.hint
+    (name,) = operator.jobs
+    assert operator.deleted == [name], "left alone, the operator restarts it"
+    with open(out["model"] + ".work/attempts") as handle:
+        assert handle.read().count("attempt") == 1
+    assert all(r.popen.poll() is not None for r in operator.jobs[name]["replicas"])
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -134,12 +172,18 @@ def test_a_tfjob_that_outlives_its_timeout_is_deleted(penguin_outputs, operator,
     assert not os.path.exists(out["model"])
 
 
-def test_a_failed_tfjob_is_kept_for_its_logs(penguin_outputs, operator, tmp_path):
+def test_a_failed_tfjob_is_kept_for_its_logs_and_pods_need_not_be_readable(penguin_outputs, operator, tmp_path,
+                                                                          caplog):
+    """A service account without "list pods" still gets the operator's verdict, and is told what it misses."""
     module = tmp_path / "broken.py"
-    module.write_text("def run_fn(fn_args):\n    raise RuntimeError('bad shard')\n")
-    with pytest.raises(HpmlError, match="bad shard"):
-        TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "broken"), _params(module=str(module)))
+    module.write_text(BAD_INPUT.replace("InputDataError(", "RuntimeError(").replace(", hint=\"fix row 7\"", ""))
+    operator.pods_forbidden = True
+    with pytest.raises(HpmlError, match=r"failed: TFJob .* has failed because 1 Chief replica\(s\) failed.$") as err:
+        TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "broken"), _params(module=str(module), max_restarts=0))
+    assert err.value.hint.startswith("kubectl -n ml logs -l training.kubeflow.org/job-name=hpml-trainer-")
     assert len(operator.jobs) == 1 and operator.deleted == []
+    forbidden = [r.message for r in caplog.records if "cannot list the pods" in r.message]
+    assert len(forbidden) == 1 and "grant the Trainer's service account" in forbidden[0]
 
 
 def _sigterm_a_training_trainer(penguin_outputs, tmp_path, params, jobs: dict) -> str:
@@ -154,7 +198,9 @@ def _sigterm_a_training_trainer(penguin_outputs, tmp_path, params, jobs: dict) -
     module = tmp_path / "sleeper.py"
     module.write_text(SLEEPER)
     args = json.dumps([_inputs(penguin_outputs), _out(tmp_path, "stopped"), dict(params, module=str(module))])
-    script = f"import json; from components.trainer import TRAINER; TRAINER.run(*json.loads({args!r}))"
+    # SIGUSR1 makes the Trainer print every thread's stack: if it ever outlives the SIGTERM, the failure says where.
+    script = ("import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+              f"import json; from components.trainer import TRAINER; TRAINER.run(*json.loads({args!r}))")
     with open(tmp_path / "trainer.err", "w") as stderr:
         trainer = subprocess.Popen([sys.executable, "-c", script], stderr=stderr)
     deadline = time.monotonic() + 120
@@ -163,7 +209,15 @@ def _sigterm_a_training_trainer(penguin_outputs, tmp_path, params, jobs: dict) -
         time.sleep(0.2)
     assert trainer.poll() is None and len(jobs) == 1, (tmp_path / "trainer.err").read_text()[-3000:]
     trainer.send_signal(signal.SIGTERM)
-    assert trainer.wait(timeout=60) != 0
+    try:
+        trainer.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        trainer.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        trainer.kill()
+        pytest.fail("the Trainer outlived its SIGTERM by 60 s; its stacks: "
+                    + (tmp_path / "trainer.err").read_text()[-6000:])
+    assert trainer.returncode != 0
     assert not os.path.exists(_out(tmp_path, "stopped")["model"])
     return (tmp_path / "trainer.err").read_text()
 

@@ -69,10 +69,12 @@ if __name__ == "__main__":
 
     try:
         sys.exit(main(sys.argv[1]))
-    except (InputDataError, SpecError):
+    except (InputDataError, SpecError) as err:
         # Bad data or parameters fail every attempt alike: a distinct status keeps the launcher from
-        # restarting the cluster for them. The traceback still ends in the usual exception line.
+        # restarting the cluster for them. The traceback ends in the usual exception line, then the hint.
         import traceback
 
         traceback.print_exc()
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)

@@ -3,17 +3,25 @@
 The training operator creates the pods and gives each its TF_CONFIG; our worker entry point
 does the rest, exactly as on loopback. A job whose wait ends before the job does (a timeout, the
 Trainer task stopped or interrupted) is deleted, so it cannot hold its accelerators on after the task.
+
+While it waits, the launcher also reads the job's pods. The operator's conditions say which replica
+failed but not why; each container keeps the tail of its log as its termination message
+(FallbackToLogsOnError), so a failure is reported with the worker's own error line. A container
+that exited with USER_ERROR_EXIT (bad input or parameters) is not left to restartPolicy OnFailure,
+which would rerun it up to backoffLimit times for the same error: the job is deleted at once.
 """
 from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from components.errors import HpmlError
+from components.errors import USER_ERROR_EXIT, HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
+from components.trainer.launchers.exits import error_summary
 from components.trainer.launchers.polling import MAX_OUTAGE_S, poll
 from components.trainer.launchers.stopping import wait_or_stop_job
 
@@ -23,6 +31,7 @@ TEMPLATE = Path(__file__).resolve().parents[3] / "infra" / "tfjob.yaml"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 _REPLICA_NAMES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
 REQUEST_TIMEOUT_S = 60  # an API server that stops answering must not hang the Trainer task
+JOB_LABEL = "training.kubeflow.org/job-name"  # the operator puts it on every pod of the job
 
 
 def render(job: ClusterJob, namespace: str = "default") -> dict:
@@ -46,6 +55,8 @@ def render(job: ClusterJob, namespace: str = "default") -> dict:
             "env": copy.deepcopy(env),
             "resources": {"limits": limits, "requests": {"cpu": job.cpu, "memory": job.memory}},
             "ports": [{"name": "tfjob-port", "containerPort": 2222}],
+            # A failed container keeps its log's tail as its termination message, which wait() quotes.
+            "terminationMessagePolicy": "FallbackToLogsOnError",
         }
         manifest["spec"]["tfReplicaSpecs"][_REPLICA_NAMES[role]] = {
             "replicas": replicas,
@@ -69,12 +80,72 @@ class TFJobFailed(HpmlError):
     """The TFJob reached its Failed condition: the training operator has stopped its pods."""
 
 
+class ReplicaRefusedInput(HpmlError):
+    """A replica exited with USER_ERROR_EXIT: bad input or parameters, which no restart mends."""
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    pod: str
+    code: int
+    error: str  # the worker's exception line, from its termination message; "" when there is none
+
+    def __str__(self) -> str:
+        return f"pod {self.pod} exited with code {self.code}" + (f": {self.error}" if self.error else "")
+
+
+class PodExits:
+    """Reads how the job's containers exited, now or before their last restart. Reading pods is extra: a
+    Trainer whose service account may not list pods (403) waits on the conditions alone, and says so once."""
+
+    def __init__(self, name: str, namespace: str, api_client):
+        self.name, self.namespace, self.api_client = name, namespace, api_client
+        self.readable = True
+
+    def read(self) -> list[ContainerExit]:
+        """Every exit with a non-zero code. Errors other than 401/403 are left for the next poll; nothing
+        broader is caught, so Stopped (SIGTERM) still ends the wait."""
+        import urllib3
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        if not self.readable:
+            return []
+        try:
+            pods = client.CoreV1Api(self.api_client).list_namespaced_pod(
+                self.namespace, label_selector=f"{JOB_LABEL}={self.name}", _request_timeout=REQUEST_TIMEOUT_S)
+        except ApiException as err:
+            if err.status in (401, 403):
+                self.readable = False
+                log.warning("cannot list the pods of TFJob %s/%s (%s): failures are reported without the worker's "
+                            "error, and bad input is restarted up to backoffLimit; grant the Trainer's service "
+                            "account \"list\" on pods", self.namespace, self.name, err.status)
+            return []
+        except (urllib3.exceptions.HTTPError, OSError) as err:  # read again at the next poll
+            log.debug("listing the pods of TFJob %s/%s failed: %s", self.namespace, self.name, err)
+            return []
+        exits = []
+        for pod in pods.items:
+            for container in (pod.status and pod.status.container_statuses) or []:
+                if container.name != "tensorflow":
+                    continue
+                for state in (container.state, container.last_state):
+                    ended = state and state.terminated
+                    if ended and ended.exit_code:
+                        lines = (ended.message or "").splitlines()
+                        exits.append(ContainerExit(pod.metadata.name, ended.exit_code,
+                                                   error_summary(lines, tail_if_no_exception=False)))
+        return exits
+
+
 def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, poll_s: float = 10.0,
          outage_s: float = MAX_OUTAGE_S) -> dict:
-    """Poll the TFJob's conditions until it Succeeded (returns its status) or Failed (raises)."""
+    """Poll the TFJob's conditions until it Succeeded (returns its status) or Failed (raises TFJobFailed). A
+    container that exited with USER_ERROR_EXIT raises ReplicaRefusedInput first, as no restart can mend it."""
     from kubernetes import client
 
     api = client.CustomObjectsApi(api_client)
+    pods = PodExits(name, namespace, api_client)
     last = None
     read = lambda: api.get_namespaced_custom_object_status(  # noqa: E731
         GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT_S)
@@ -88,10 +159,18 @@ def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, po
             last = latest
         if latest == "Succeeded":
             return status
+        exits = pods.read()
+        refused = [e for e in exits if e.code == USER_ERROR_EXIT]
+        if refused:
+            raise ReplicaRefusedInput(
+                f"TFJob {namespace}/{name}: {refused[0]}; bad input or parameters, so the job is stopped, "
+                "not restarted", hint="a restart would fail the same way: fix what the error names")
         if latest == "Failed":
             message = conditions[-1].get("message", "")
-            raise TFJobFailed(f"TFJob {namespace}/{name} failed: {message}",
-                              hint=f"kubectl -n {namespace} logs -l training.kubeflow.org/job-name={name}")
+            # The replica's own failure, not a peer the operator stopped after it (137: SIGKILL, 143: SIGTERM).
+            cause = min(exits, key=lambda e: (e.code >= 128, not e.error), default=None)
+            raise TFJobFailed(f"TFJob {namespace}/{name} failed: {message}" + (f" {cause}" if cause else ""),
+                              hint=f"kubectl -n {namespace} logs -l {JOB_LABEL}={name}")
     raise AssertionError("poll() raises when its time is up")
 
 

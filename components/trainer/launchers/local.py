@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from components.errors import USER_ERROR_EXIT, HpmlError
 from components.trainer.callbacks import read_progress
+from components.trainer.launchers.exits import error_summary
 from components.trainer.launchers.stopping import LAUNCHER_PID_ENV, sigterm_raises
 
 log = logging.getLogger("hpml.launcher")
@@ -118,21 +118,6 @@ class _Process:
 
 
 _STOPPED_FROM_OUTSIDE = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-_EXCEPTION_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)\b.*")
-
-
-def _error_summary(lines: list[str], tail_if_no_exception: bool = True) -> str:
-    """The last exception line of a process's output and the message right after it."""
-    for i in range(len(lines) - 1, -1, -1):
-        if _EXCEPTION_LINE.match(lines[i].strip()):
-            following = [l.strip() for l in lines[i + 1:i + 4] if l.strip() and not l.strip().startswith("[[")]
-            return " ".join([lines[i].strip(), *following[:2]])[:600]
-    if not tail_if_no_exception:
-        return ""
-    tail = [l.strip() for l in lines if l.strip()]
-    return " | ".join(tail[-2:])[:600]
-
-
 def _exit_reason(proc: _Process, code: int) -> str:
     if code == 0:
         return f"{proc.name} exited early"
@@ -141,7 +126,7 @@ def _exit_reason(proc: _Process, code: int) -> str:
         reason += f" ({signal.Signals(-code).name})"
     # A process stopped from outside (SIGKILL, SIGTERM...) did not fail by itself: what it printed last is
     # unrelated log noise. SIGABRT, SIGSEGV and the like are its own crash, and a fatal check says why.
-    summary = _error_summary(list(proc.tail), tail_if_no_exception=-code not in _STOPPED_FROM_OUTSIDE)
+    summary = error_summary(list(proc.tail), tail_if_no_exception=-code not in _STOPPED_FROM_OUTSIDE)
     return reason + (": " + summary if summary else "")
 
 
