@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 
@@ -42,6 +43,7 @@ class TrainingOperatorStandIn(LoopbackJobService):
         self.deleted: list[str] = []
         self.kubeconfig = self.workdir / "kubeconfig"
         self.pods_forbidden = False  # answer pod lists 403, as for a service account without "list pods"
+        self.create_reply_delay_s = 0.0  # create the job at once, answer the create this much later
         self._lock = threading.Lock()
 
     def __enter__(self):
@@ -163,6 +165,7 @@ class TrainingOperatorStandIn(LoopbackJobService):
                 if body["metadata"]["name"] in operator.jobs:
                     return self._reply(409, {"kind": "Status", "reason": "AlreadyExists"})
                 operator._start(body)
+                time.sleep(operator.create_reply_delay_s)
                 return self._reply(201, body)
 
             def do_GET(self):

@@ -230,6 +230,17 @@ def test_a_trainer_stopped_with_sigterm_deletes_its_tfjob(penguin_outputs, opera
     assert all(r.popen.poll() is not None for r in operator.jobs[name]["replicas"])
 
 
+def test_a_sigterm_during_submission_still_deletes_the_tfjob(penguin_outputs, operator, tmp_path):
+    """The API server creates the job before it answers; a SIGTERM in between must not leave the job behind."""
+    operator.create_reply_delay_s = 5
+    err = _sigterm_a_training_trainer(penguin_outputs, tmp_path, _params(), operator.jobs)
+    (name,) = operator.jobs
+    assert f"the Trainer waiting on TFJob ml/{name} was stopped by SIGTERM" in err, err[-3000:]
+    assert "in submit_and_say" in err, "the signal was meant to cut the create short: " + err[-3000:]
+    assert operator.deleted == [name]
+    assert all(r.popen.poll() is not None for r in operator.jobs[name]["replicas"])
+
+
 @pytest.fixture
 def vertex_ai(tmp_path, monkeypatch):
     from tests.vertex_standin import VertexStandIn, write_service_account_key

@@ -184,6 +184,13 @@ def _transient(err: Exception) -> bool:
     return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 
 
+def _refused(err: BaseException) -> bool:
+    """The API server answered the create with a client error (403, 409, 422): it created nothing."""
+    from kubernetes.client.rest import ApiException
+
+    return isinstance(err, ApiException) and 400 <= (err.status or 0) < 500
+
+
 def delete(name: str, namespace: str, api_client) -> None:
     """Delete the TFJob; the pods it owns go with it. One already gone is fine."""
     from kubernetes import client
@@ -200,11 +207,16 @@ def delete(name: str, namespace: str, api_client) -> None:
 
 def run(manifest: dict, api_client, timeout_s: float, poll_s: float) -> tuple[str, dict]:
     """Submit the TFJob and wait until it succeeds (returns its name and status) or fails (raises). When the
-    wait ends first, the job is deleted before the error goes on: a failed job is kept for its logs."""
-    namespace = manifest["metadata"]["namespace"]
-    name = submit(manifest, api_client)
-    log.info("submitted TFJob %s/%s", namespace, name)
+    wait ends first, the job is deleted before the error goes on: a failed job is kept for its logs. The
+    submission is watched too: a SIGTERM that arrives while the API server answers still deletes the job."""
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+
+    def submit_and_say():
+        submit(manifest, api_client)
+        log.info("submitted TFJob %s/%s", namespace, name)
+
     status = wait_or_stop_job(f"TFJob {namespace}/{name}",
                               lambda: wait(name, namespace, api_client, timeout_s=timeout_s, poll_s=poll_s),
-                              lambda: delete(name, namespace, api_client), job_ended=TFJobFailed)
+                              lambda: delete(name, namespace, api_client), job_ended=TFJobFailed,
+                              submit=submit_and_say, refused=_refused)
     return name, status

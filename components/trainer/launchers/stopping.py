@@ -86,16 +86,27 @@ def die_with_launcher() -> None:
 
 
 def wait_or_stop_job(job: str, wait: Callable[[], T], stop_job: Callable[[], None],
-                     job_ended: type[BaseException]) -> T:
+                     job_ended: type[BaseException], submit: Callable[[], object] | None = None,
+                     refused: Callable[[BaseException], bool] = lambda err: False) -> T:
     """Wait for a remote job with SIGTERM raising. When the wait ends before the job does (a timeout,
     SIGTERM, Ctrl-C, an API error) `stop_job` runs before the error goes on, so the job cannot run on
-    unwatched; `job_ended` (the job's own failure) leaves the job as it is, for its logs."""
+    unwatched; `job_ended` (the job's own failure) leaves the job as it is, for its logs.
+
+    `submit`, when given, is called first under the same watch: a SIGTERM, Ctrl-C or lost answer that cuts
+    a submission short stops the job too, as the request may have created it. Only a submission the API
+    `refused` (its answer said no) stops nothing: no job of ours exists."""
     with sigterm_raises(f"the Trainer waiting on {job}"):
+        submitted = submit is None
         try:
+            if submit is not None:
+                submit()
+                submitted = True
             return wait()
         except job_ended:
             raise
         except BaseException as err:
+            if not submitted and refused(err):
+                raise
             log.warning("stopping %s: the wait for it ended first (%s)", job, type(err).__name__)
             try:
                 stop_job()
