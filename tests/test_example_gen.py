@@ -322,3 +322,17 @@ def test_nan_in_a_numeric_column_is_missing_and_infinity_is_a_bad_row(tmp_path):
     with pytest.raises(InputDataError, match=r"inf.csv:6: column 'bill_length_mm' must hold a finite number, "
                                              r"got '-inf'$"):
         _run(tmp_path, {"input_path": inf, "numeric_columns": ["bill_length_mm"]}, "inf")
+
+
+def test_only_plain_ascii_numbers_make_a_numeric_column(tmp_path):
+    """Python's int() and float() also read '2023_01' as 202301 and Arabic-Indic digits as numbers: a column of
+    period codes became integers that no longer said which month they were."""
+    header = "period,code,amount"
+    rows = [f"2023_{i % 12 + 1:02d},{'١٢' if i % 2 else '34'},{i}.5" for i in range(30)]
+    csv = write_csv(tmp_path / "codes.csv", header, rows)
+    _, out = _run(tmp_path, {"input_path": csv}, "codes")
+    feats = _read(out["examples"] + "/Split-*/*.gz")[0].features.feature
+    assert feats["period"].bytes_list.value[0].decode().startswith("2023_")
+    assert feats["code"].bytes_list.value and feats["amount"].float_list.value
+    with pytest.raises(InputDataError, match=r"codes.csv:2: column 'period' must hold a number, got '2023_01'$"):
+        _run(tmp_path, {"input_path": csv, "numeric_columns": ["period"]}, "strict")

@@ -83,6 +83,10 @@ def _check_header(path: str, reader) -> list[str]:
 
 
 def _kind_of(text: str) -> int:
+    """INT, FLOAT or BYTES: the narrowest kind that holds `text`. int() and float() also read '2023_01' as
+    202301 and non-ASCII digits as numbers; a CSV cell like that is text."""
+    if "_" in text or not text.isascii():
+        return BYTES
     try:
         int(text)
         return INT
