@@ -195,7 +195,7 @@ def test_a_word_in_a_numeric_column_is_a_bad_row_not_a_text_column(tmp_path):
         _run(tmp_path, {"input_path": fine, "numeric_columns": ["bill_lenght_mm"]}, "typo")
 
 
-def test_bytes_in_a_numeric_tfrecord_feature_names_the_record(tmp_path):
+def test_bytes_or_nan_in_a_numeric_tfrecord_feature_names_the_record(tmp_path):
     def example(value):
         feature = tf.train.Feature(**value)
         return tf.train.Example(features=tf.train.Features(feature={"x": feature})).SerializeToString()
@@ -211,6 +211,14 @@ def test_bytes_in_a_numeric_tfrecord_feature_names_the_record(tmp_path):
     assert str(err.value) == f"{path}: record 21: feature 'x' must hold numbers, got bytes_list [b'oops']"
     props, _ = _run(tmp_path, dict(params, skip_bad_rows=True), "skipped")
     assert props["bad_rows"] == 1 and sum(props["split_counts"].values()) == 20
+
+    # NaN would make the feature's statistics NaN; a tf.Example leaves a missing feature out instead.
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(20):
+            writer.write(example({"float_list": tf.train.FloatList(value=[float("nan") if i == 4 else i])}))
+    with pytest.raises(InputDataError, match=r"mixed.tfrecord: record 5: feature 'x' must hold finite numbers, "
+                                             r"got \[nan\] \(leave the feature out where its value is missing\)$"):
+        _run(tmp_path, params, "nan")
 
 
 def test_the_penguin_pipeline_declares_its_numeric_columns(tmp_path, penguin_csv):
