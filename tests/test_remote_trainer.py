@@ -303,5 +303,17 @@ def test_a_custom_job_that_outlives_its_timeout_is_cancelled(penguin_outputs, ve
 def test_a_trainer_stopped_with_sigterm_cancels_its_custom_job(penguin_outputs, vertex_ai, tmp_path):
     err = _sigterm_a_training_trainer(penguin_outputs, tmp_path, _vertex_params(vertex_ai), vertex_ai.jobs)
     (job,) = vertex_ai.jobs.values()
-    assert f"the Trainer waiting on CustomJob {job['resource']['name']} was stopped by SIGTERM" in err, err[-3000:]
+    assert f"the Trainer waiting on CustomJob {job['resource']['displayName']} was stopped by SIGTERM" in err, \
+        err[-3000:]
+    assert job["cancelled"] and all(r.popen.poll() is not None for r in job["replicas"])
+
+
+def test_a_sigterm_during_submission_still_cancels_the_custom_job(penguin_outputs, vertex_ai, tmp_path):
+    """Vertex creates the job before it answers; cut short, the Trainer has no name for it, so it finds the job
+    by its display name (unique to the attempt) and cancels it."""
+    vertex_ai.create_reply_delay_s = 5
+    err = _sigterm_a_training_trainer(penguin_outputs, tmp_path, _vertex_params(vertex_ai), vertex_ai.jobs)
+    (job,) = vertex_ai.jobs.values()
+    assert "in submit" in err and "was stopped by SIGTERM" in err, err[-3000:]
+    assert f"cancelling CustomJob {job['resource']['name']}, created by a submission that was cut short" in err
     assert job["cancelled"] and all(r.popen.poll() is not None for r in job["replicas"])

@@ -1,7 +1,8 @@
 """A loopback stand-in for Vertex AI's JobService (REST, v1) with the replicas of each CustomJob behind it.
 
-No Google Cloud project is reachable from the test machines. This stand-in answers the three calls
-the Trainer makes through the real aiplatform client (create a CustomJob; get it; cancel it), and does
+No Google Cloud project is reachable from the test machines. This stand-in answers the calls
+the Trainer makes through the real aiplatform client (create a CustomJob; get it; list them by display
+name; cancel one), and does
 what Vertex does with a created job: it runs each worker pool's container command (pool 0 chief,
 1 workers, 2 parameter servers) as local processes, with the container's env and the TF_CONFIG a
 Vertex replica gets. The job succeeds when the chief exits 0 (Vertex's rule for the primary pool),
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qs, urlparse
 from pathlib import Path
 
 from components.trainer.launchers.local import free_ports
@@ -48,6 +51,7 @@ class VertexStandIn(LoopbackJobService):
         super().__init__(workdir, self._handler())
         self.endpoint = self.url
         self.unavailable_reads = 0  # answer that many status reads with 503 first
+        self.create_reply_delay_s = 0.0  # create the job at once, answer the create this much later
 
     def _create(self, parent: str, body: dict) -> dict:
         job_id = str(len(self.jobs) + 1)
@@ -119,15 +123,22 @@ class VertexStandIn(LoopbackJobService):
                     for replica in job["replicas"]:
                         replica.stop()
                     return reply_json(self, 200, {})
-                return reply_json(self, 200, standin._create(f"projects/{match.group(1)}/locations/{match.group(2)}",
-                                                             body))
+                created = standin._create(f"projects/{match.group(1)}/locations/{match.group(2)}", body)
+                time.sleep(standin.create_reply_delay_s)
+                return reply_json(self, 200, created)
 
             def do_GET(self):
                 match = self._route("GET")
                 if match is not None and standin.unavailable_reads > 0:  # a flaky control plane
                     standin.unavailable_reads -= 1
                     reply_json(self, 503, {"error": {"code": 503, "message": "try again", "status": "UNAVAILABLE"}})
-                elif match is not None:
+                elif match is not None and match.group(3):
                     reply_json(self, 200, standin._current(match.group(3)))
+                elif match is not None:  # a list, filtered by display name as aiplatform asks
+                    wanted = re.fullmatch(r'display_name="([^"]*)"', parse_qs(urlparse(self.path).query)
+                                          .get("filter", [""])[0])
+                    jobs = [standin._current(job_id) for job_id, job in standin.jobs.items()
+                            if wanted is None or job["resource"].get("displayName") == wanted.group(1)]
+                    reply_json(self, 200, {"customJobs": jobs})
 
         return Handler

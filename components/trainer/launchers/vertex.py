@@ -80,17 +80,46 @@ def _transient(err: Exception) -> bool:
                             requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError))
 
 
+def _refused(err: BaseException) -> bool:
+    """Vertex answered the create with a client error (400, 403, 409...): it created nothing."""
+    from google.api_core import exceptions
+
+    return isinstance(err, exceptions.ClientError)
+
+
+def _cancel(custom_job, display_name: str) -> None:
+    """Cancel the job. After a create that was cut short the job has no name here, but Vertex may have made
+    it: every running job with this attempt's display name (unique to the attempt) is cancelled instead."""
+    from google.cloud import aiplatform
+    from google.cloud.aiplatform.compat.types import job_state
+
+    try:
+        created = bool(custom_job.resource_name)
+    except RuntimeError:  # aiplatform's word for "not created"
+        created = False
+    if not created:
+        ended = (job_state.JobState.JOB_STATE_SUCCEEDED, job_state.JobState.JOB_STATE_FAILED,
+                 job_state.JobState.JOB_STATE_CANCELLED, job_state.JobState.JOB_STATE_EXPIRED)
+        for found in aiplatform.CustomJob.list(filter=f'display_name="{display_name}"'):
+            if found.gca_resource.state not in ended:
+                log.warning("cancelling CustomJob %s, created by a submission that was cut short", found.resource_name)
+                found.cancel()
+        return
+    custom_job.cancel()
+
+
 def run(job: ClusterJob, project: str, location: str, staging_bucket: str, *, timeout_s: float, poll_s: float,
         api_endpoint: str | None = None, **pool_kwargs) -> tuple[str, str]:
     """Create the CustomJob and wait for it (needs Google Cloud credentials: Application Default Credentials).
-    Returns its resource name and final state; cancels it when the wait ends before the job does."""
+    Returns its resource name and final state; cancels it when the wait ends before the job does, or when a
+    SIGTERM cuts its creation short (Vertex may have created it before it answered)."""
     from google.cloud import aiplatform
 
     aiplatform.init(project=project, location=location, staging_bucket=staging_bucket, api_endpoint=api_endpoint,
                     api_transport="rest")
     custom_job = aiplatform.CustomJob(display_name=job.name,
                                       worker_pool_specs=render_worker_pool_specs(job, **pool_kwargs))
-    custom_job.submit()
-    name = custom_job.resource_name
-    return name, wait_or_stop_job(f"CustomJob {name}", lambda: wait(custom_job, timeout_s, poll_s),
-                                  custom_job.cancel, job_ended=CustomJobFailed)
+    state = wait_or_stop_job(f"CustomJob {job.name}", lambda: wait(custom_job, timeout_s, poll_s),
+                             lambda: _cancel(custom_job, job.name), job_ended=CustomJobFailed,
+                             submit=custom_job.submit, refused=_refused)
+    return custom_job.resource_name, state
