@@ -1,9 +1,14 @@
 """SIGTERM as an exception while a launcher waits on its job: real signals sent to this process."""
+import gc
+import os
 import signal
+import sys
+import time
 
 import pytest
 
-from components.trainer.launchers.stopping import Stopped, sigterm_raises
+from components.trainer.launchers.polling import poll
+from components.trainer.launchers.stopping import Stopped, raise_if_stopped, sigterm_raises
 
 
 @pytest.fixture
@@ -36,3 +41,26 @@ def test_a_process_started_with_sigterm_ignored_keeps_ignoring_it(restore_sigter
     with sigterm_raises("the job"):
         signal.raise_signal(signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+
+
+def test_a_sigterm_whose_raise_python_drops_still_ends_the_wait(restore_sigterm, monkeypatch):
+    """Python runs the handler wherever the main thread is. Inside a garbage-collection callback (here a __del__;
+    in CI it was importlib's module-lock weakref callback) the raise is reported as unraisable and dropped: the
+    Trainer went on polling its TFJob after the SIGTERM, and the job would have run on after SIGKILL."""
+    class DiesDuringSigterm:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler runs here, and its Stopped dies with this __del__
+
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_value))
+    with sigterm_raises("the job"):
+        DiesDuringSigterm()
+        gc.collect()
+        assert [type(e) for e in dropped] == [Stopped], "the raise was meant to be dropped"
+        started = time.monotonic()
+        with pytest.raises(Stopped, match="the job was stopped by SIGTERM"):
+            for _ in poll(lambda: "RUNNING", what="job", timeout_s=10, poll_s=0.01, transient=lambda e: False):
+                pass
+        assert time.monotonic() - started < 1
+    raise_if_stopped()  # the request ends with the context: a later wait is not stopped by it

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from components.errors import USER_ERROR_EXIT, HpmlError
 from components.trainer.callbacks import read_progress
 from components.trainer.launchers.exits import error_summary
-from components.trainer.launchers.stopping import LAUNCHER_PID_ENV, sigterm_raises
+from components.trainer.launchers.stopping import LAUNCHER_PID_ENV, raise_if_stopped, sigterm_raises
 
 log = logging.getLogger("hpml.launcher")
 
@@ -231,6 +231,7 @@ class LocalLauncher:
             if all(p.popen.poll() == 0 for p in finishers):
                 self._stop_all()
                 return None
+            raise_if_stopped()
             time.sleep(0.1)
 
     def _restartable_alone(self, proc: _Process) -> bool:

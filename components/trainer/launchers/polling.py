@@ -13,6 +13,7 @@ import time
 from typing import Callable, Iterator, TypeVar
 
 from components.errors import HpmlError
+from components.trainer.launchers.stopping import raise_if_stopped
 
 log = logging.getLogger("hpml.launcher")
 T = TypeVar("T")
@@ -27,6 +28,7 @@ def poll(read: Callable[[], T], *, what: str, timeout_s: float, poll_s: float,
     deadline = time.monotonic() + timeout_s
     unreadable_since = None
     while time.monotonic() < deadline:
+        raise_if_stopped()
         started = time.monotonic()
         try:
             value = read()

@@ -32,6 +32,18 @@ class Stopped(HpmlError):
     """The launcher was told to stop (SIGTERM) while its job ran."""
 
 
+# The Stopped that a SIGTERM under sigterm_raises() asked for. Python runs a signal handler wherever the main
+# thread happens to be, which may be a garbage-collection callback (a weakref callback, a __del__) whose
+# exceptions it prints and drops: waiting loops call raise_if_stopped() so such a SIGTERM still ends them.
+_requested: Stopped | None = None
+
+
+def raise_if_stopped() -> None:
+    """Raise the Stopped a SIGTERM asked for; a no-op when none came."""
+    if _requested is not None:
+        raise _requested
+
+
 @contextmanager
 def sigterm_raises(what: str) -> Iterator[None]:
     """In the main thread, the first SIGTERM raises `Stopped` there; a handler already installed (Airflow's)
@@ -47,22 +59,24 @@ def sigterm_raises(what: str) -> Iterator[None]:
     if previous is signal.SIG_IGN:
         yield
         return
-    raised = False
+    global _requested
 
     def on_sigterm(signum, frame):
-        nonlocal raised
+        global _requested
         if callable(previous):
             previous(signum, frame)
-        if not raised:
-            raised = True
-            raise Stopped(f"{what} was stopped by SIGTERM",
-                          hint="what it started was stopped with it; a retry of this task resumes from the last backup")
+        if _requested is None:
+            _requested = Stopped(f"{what} was stopped by SIGTERM",
+                                 hint="what it started was stopped with it; a retry of this task resumes from the "
+                                      "last backup")
+            raise _requested
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        _requested = None
 
 
 def die_with_launcher() -> None:
