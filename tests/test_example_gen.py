@@ -307,9 +307,26 @@ def test_gzip_csv_parts_read_like_plain_ones_and_unreadable_files_are_named(tmp_
     # Excel's "Unicode text" is UTF-16: this used to end in a bare UnicodeDecodeError traceback.
     utf16 = tmp_path / "utf16.csv"
     utf16.write_bytes(open(plain, encoding="utf-8").read().encode("utf-16"))
-    with pytest.raises(InputDataError, match=r"utf16.csv: not UTF-8 text \(invalid start byte\)$") as err:
+    with pytest.raises(InputDataError, match=r"utf16.csv:1: the header is not UTF-8 text \(byte 0xff\)$") as err:
         _run(tmp_path, {"input_path": str(utf16)}, "utf16")
     assert err.value.hint == "save the file as UTF-8 CSV"
+
+
+def test_a_row_that_is_not_utf8_is_a_bad_row_named_by_line_and_column(tmp_path):
+    """One Latin-1 cell in a UTF-8 export failed the whole file with no line named: the decoder reads ahead
+    in 8 KB blocks, so the csv reader's line count was wherever the block began."""
+    rows = _rows(400)
+    rows[250] = "Adelie,Dr\xe9am,31.0,2007"
+    path = tmp_path / "latin.csv"
+    path.write_bytes(("\n".join([HEADER] + rows) + "\n").encode("latin-1"))
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": str(path)}, "strict")
+    assert str(err.value) == f"{path}:252: column 'island' is not UTF-8 text (byte 0xe9 after 'Dr')"
+    assert err.value.hint == "save the file as UTF-8 CSV, or set skip_bad_rows=true"
+    props, out = _run(tmp_path, {"input_path": str(path), "skip_bad_rows": True}, "skipping")
+    assert props["bad_rows"] == 1 and sum(props["split_counts"].values()) == 399
+    islands = {e.features.feature["island"].bytes_list.value[0] for e in _read(out["examples"] + "/Split-*/*.gz")}
+    assert islands == {b"Biscoe", b"Dream", b"Torgersen"}
 
 
 def test_nan_in_a_numeric_column_is_missing_and_infinity_is_a_bad_row(tmp_path):

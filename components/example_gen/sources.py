@@ -38,22 +38,37 @@ def expand_inputs(pattern: str) -> list[str]:
 
 
 def open_csv(path: str):
-    """A CSV file as text, GZIP-compressed (Spark's `.csv.gz` parts) or not: the magic bytes decide."""
+    """A CSV file as text, GZIP-compressed (Spark's `.csv.gz` parts) or not: the magic bytes decide. Bytes
+    that are not UTF-8 come through as lone surrogates (see `not_utf8`), so the row holding them can be named
+    and, like any bad row, skipped: a strict decoder fails a whole 8 KB block, at no particular line."""
     opener = gzip.open if _is_gzip(path) else open
-    return opener(path, "rt", newline="", encoding=CSV_ENCODING)
+    return opener(path, "rt", newline="", encoding=CSV_ENCODING, errors="surrogateescape")
 
 
-# What reading a CSV file can raise besides our own errors: bad quoting, bytes that are not UTF-8, or a
-# truncated or corrupted GZIP stream.
-_READ_ERRORS = (csv.Error, UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
+def not_utf8(text: str) -> str | None:
+    """Where `text` (read by `open_csv`) holds a byte that is not UTF-8, that byte and what precedes it, e.g.
+    "byte 0xe9 after 'Dr'"; None for proper text. ASCII, by far the common case, costs one C-level check."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        byte = ord(text[err.start]) - 0xDC00
+        return f"byte 0x{byte:02x} after {text[:err.start][-20:]!r}" if err.start else f"byte 0x{byte:02x}"
+    return None
+
+
+# What reading a CSV file can raise besides our own errors: bad quoting, or a truncated or corrupted GZIP
+# stream.
+_READ_ERRORS = (csv.Error, EOFError, gzip.BadGzipFile, zlib.error)
+
+_NOT_UTF8_HINT = "save the file as UTF-8 CSV"
 
 
 def _unreadable(path: str, line: int, err: Exception) -> InputDataError:
     """One clear error, naming the file (and line where it means something), for any of _READ_ERRORS."""
     if isinstance(err, csv.Error):
         return InputDataError(f"{path}:{line}: malformed CSV ({err})")
-    if isinstance(err, UnicodeDecodeError):
-        return InputDataError(f"{path}: not UTF-8 text ({err.reason})", hint="save the file as UTF-8 CSV")
     return InputDataError(f"{path}: corrupted GZIP data after line {line} ({err})")
 
 
@@ -71,6 +86,10 @@ def _check_header(path: str, reader) -> list[str]:
     header = next(reader, None)
     if not header or not any(h.strip() for h in header):
         raise InputDataError(f"{path}: the file is empty (no header row)")
+    bad_bytes = not_utf8(",".join(header))
+    if bad_bytes:  # the whole file, most likely: UTF-16 ("Unicode text") or Latin-1
+        raise InputDataError(f"{path}:{reader.line_num}: the header is not UTF-8 text ({bad_bytes})",
+                             hint=_NOT_UTF8_HINT)
     names = [h.strip() for h in header]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -100,8 +119,9 @@ def _kind_of(text: str) -> int:
 
 
 class ReadCsvRows(beam.DoFn):
-    """Yields (file, line, {column: text or None}); a row of the wrong width, without a value in a required
-    column, or with a non-number or an infinity in a numeric column, is an error or is skipped and counted."""
+    """Yields (file, line, {column: text or None}); a row of the wrong width, with bytes that are not UTF-8,
+    without a value in a required column, or with a non-number or an infinity in a numeric column, is an
+    error or is skipped and counted."""
 
     def __init__(self, header: Sequence[str], na_values: Sequence[str], skip_bad_rows: bool,
                  required_columns: Sequence[str] = (), numeric_columns: Sequence[str] = ()):
@@ -122,6 +142,15 @@ class ReadCsvRows(beam.DoFn):
                                  and math.isnan(float(value))):
             return None
         return value
+
+    @staticmethod
+    def _not_utf8(values: dict) -> str | None:
+        """The first cell holding bytes that are not UTF-8, as a problem; None when there is none."""
+        for name, value in values.items():
+            bad_bytes = value is not None and not_utf8(value)
+            if bad_bytes:
+                return f"column {name!r} is not UTF-8 text ({bad_bytes})"
+        return None
 
     def _problem(self, fields: list[str], values: dict) -> str | None:
         """What is wrong with a row, or None."""
@@ -148,13 +177,14 @@ class ReadCsvRows(beam.DoFn):
                     if not fields:
                         continue  # a blank line
                     values = {name: self._cell(name, value) for name, value in zip(self._header, fields)}
-                    problem = self._problem(fields, values)
+                    bad_bytes = self._not_utf8(values)
+                    problem = bad_bytes or self._problem(fields, values)
                     if problem is not None:
                         if self._skip:
                             self._bad.inc()
                             continue
-                        raise InputDataError(f"{path}:{line}: {problem}",
-                                             hint="fix the row, or set skip_bad_rows=true")
+                        fix = _NOT_UTF8_HINT if bad_bytes else "fix the row"
+                        raise InputDataError(f"{path}:{line}: {problem}", hint=f"{fix}, or set skip_bad_rows=true")
                     yield path, line, values
             except _READ_ERRORS as err:
                 raise _unreadable(path, reader.line_num, err) from None
