@@ -122,6 +122,12 @@ def test_missing_label_column(tmp_path):
     csv = write_csv(tmp_path / "nolabel.csv", "island,year", ["Dream,2007"] * 5)
     with pytest.raises(InputDataError, match=r"nolabel.csv:1: required column 'species' is missing"):
         _run(tmp_path, {"input_path": csv, "required_columns": ["species"]})
+    # European Excel's "CSV" is ';'-separated, which reads as one column named by the whole header line.
+    csv = write_csv(tmp_path / "excel.csv", HEADER.replace(",", ";"), ["Adelie;Dream;31.0;2007"] * 5)
+    with pytest.raises(InputDataError, match=r"excel.csv:1: required column 'species' is missing") as err:
+        _run(tmp_path, {"input_path": csv, "required_columns": ["species"]})
+    assert err.value.hint == ("the columns are: species;island;bill_length_mm;year; the file looks ';'-separated, "
+                              "and ExampleGen reads comma-separated CSV")
 
 
 @pytest.mark.parametrize("content, message", [

@@ -76,10 +76,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         for name in [*required, *numeric]:
             if name not in header:
                 kind = "required" if name in required else "numeric"
-                raise InputDataError(
-                    f"{files[0]}:1: {kind} column {name!r} is missing",
-                    hint=f"the columns are: {', '.join(header)}",
-                )
+                raise InputDataError(f"{files[0]}:1: {kind} column {name!r} is missing",
+                                     hint=sources.describe_header(header))
     elif not any(sources.has_any_record(f) for f in files):
         raise InputDataError(f"{source}: the TFRecord input holds no records")
 

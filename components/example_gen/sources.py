@@ -101,6 +101,17 @@ def _check_header(path: str, reader) -> list[str]:
     return names
 
 
+def describe_header(header: Sequence[str]) -> str:
+    """The columns a header names, for an error's hint; a lone column holding a `;`, tab or `|` is a file
+    written with another separator (European Excel writes `;`), which ExampleGen reads as one column."""
+    text = f"the columns are: {', '.join(header)}"
+    if len(header) == 1:
+        separator = next((s for s in (";", "\t", "|") if s in header[0]), None)
+        if separator:
+            text += f"; the file looks {separator!r}-separated, and ExampleGen reads comma-separated CSV"
+    return text
+
+
 def _kind_of(text: str) -> int:
     """INT, FLOAT or BYTES: the narrowest kind that holds `text`. int() and float() also read '2023_01' as
     202301 and non-ASCII digits as numbers; a CSV cell like that is text."""
