@@ -12,11 +12,21 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
 
 
+class _WithoutOurErrors(logging.Filter):
+    """Drops a log record that carries one of our errors: Beam logs a DoFn's exception, traceback and all,
+    before re-raising it, and `main` prints that error as one line and a hint."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], HpmlError))
+
+
 def _setup_logging(debug: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
                         format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("absl", "tensorflow", "apache_beam", "alembic", "mlflow", "urllib3", "h5py"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not debug:
+        logging.getLogger("apache_beam.runners.common").addFilter(_WithoutOurErrors())
 
 
 def _params(pipeline, pairs: list[str]) -> dict:
