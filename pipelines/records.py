@@ -86,8 +86,9 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     metrics = []
     for split, count in (properties.get("split_counts") or {}).items():
         metrics.append(Metric(f"examples.{split}", count, now, 0))
-    if "bad_rows" in properties:
-        metrics.append(Metric("bad_rows", properties["bad_rows"], now, 0))
+    for key in ("bad_rows", "input_files"):
+        if key in properties:
+            metrics.append(Metric(key, properties[key], now, 0))
     for row in properties.get("history") or []:
         step = int(row["epoch"])
         metrics += [Metric(k, float(v), now, step) for k, v in row.items() if k != "epoch" and _finite(v)]
@@ -176,6 +177,9 @@ class RunSummary:
     eval_metrics: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     start_time: int = 0
+    examples: dict[str, int] = field(default_factory=dict)  # per split, as ExampleGen wrote them
+    bad_rows: int = 0  # input rows skip_bad_rows dropped
+    input_files: int = 0
 
 
 def load(mlflow_run_id: str) -> RunSummary:
@@ -196,6 +200,10 @@ def load(mlflow_run_id: str) -> RunSummary:
         eval_metrics={k[len("eval_"):]: v for k, v in metrics.items() if k.startswith("eval_")},
         tags=dict(tags),
         start_time=run.info.start_time,
+        examples=dict(sorted(((k[len("examples."):], int(v)) for k, v in metrics.items() if k.startswith("examples.")),
+                             key=lambda kv: (kv[0] != "train", kv[0] != "eval", kv[0]))),
+        bad_rows=int(metrics.get("bad_rows", 0)),
+        input_files=int(metrics.get("input_files", 0)),
     )
 
 

@@ -124,6 +124,7 @@ def collect(mlflow_run_id: str) -> dict:
     return {
         "run_name": summary.run_name, "mlflow_run_id": mlflow_run_id, "status": summary.status,
         "pipeline": summary.tags.get("hpml.pipeline", ""), "params": dict(sorted(summary.params.items())),
+        "data": {"examples": summary.examples, "bad_rows": summary.bad_rows, "input_files": summary.input_files},
         "eval_metrics": summary.eval_metrics, "durations": durations, "series": series,
         "plan": _read_json(os.path.join(run_dir, "plan.json")) if run_dir else None,
         "gpipe": _read_json(os.path.join(run_dir, "gpipe.json")) if run_dir else None,
@@ -159,6 +160,17 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;colo
          "h2{border-bottom:1px solid #ddd;padding-bottom:.2em}.bad{color:#b00}")
 
 
+def _data_section(data: dict) -> str:
+    """What ExampleGen made of the input: examples per split, and the rows skip_bad_rows dropped."""
+    files = data["input_files"]
+    text = (f"{sum(data['examples'].values())} examples" + (f" from {files} file{'s' if files != 1 else ''}"
+                                                            if files else "")
+            + ": " + ", ".join(f"{html.escape(split)} {n}" for split, n in data["examples"].items()))
+    if data["bad_rows"]:
+        text += f"; <b>{data['bad_rows']} bad rows skipped</b> (the ExampleGen log names the first)"
+    return f"<h2>Data</h2><p>{text}.</p>"
+
+
 def render(data: dict, pngs: dict[str, str]) -> str:
     """The HTML page; `pngs` maps each plot's name to its file."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>hpml run {html.escape(data['run_name'])}"
@@ -170,6 +182,8 @@ def render(data: dict, pngs: dict[str, str]) -> str:
         parts.append(f"<p class='bad'>Failed in {html.escape(data['failed_node'])}: "
                      f"{html.escape(data['error'] or '')}</p>")
     parts.append("<h2>Parameters</h2>" + _table(data["params"].items(), ("parameter", "value")))
+    if data["data"]["examples"]:
+        parts.append(_data_section(data["data"]))
     if data["eval_metrics"]:
         parts.append("<h2>Evaluation</h2>" + _table(
             [(k, f"{v:.4f}") for k, v in sorted(data["eval_metrics"].items())], ("metric", "value")))

@@ -15,10 +15,21 @@ def _hpml(*args, timeout=600, columns=200):
 
 
 @pytest.fixture(scope="module")
-def local_run(penguin_dag_run):
-    """A local-runner run of the same pipeline with other values (after the DAG run)."""
-    done = _hpml("run", "penguin", "--param", "epochs=1", "--param", "batch_size=64")
+def local_run(penguin_dag_run, tmp_path_factory):
+    """A local-runner run of the same pipeline with other values (after the DAG run), on the penguins CSV
+    with two rows broken and skip_bad_rows on."""
+    import palmerpenguins
+
+    source = os.path.join(os.path.dirname(palmerpenguins.__file__), "data", "penguins.csv")
+    lines = open(source, encoding="utf-8").read().splitlines()
+    lines[10] = lines[10] + ",extra"
+    lines[20] = lines[20].replace("Adelie", "Adelie,")
+    data = tmp_path_factory.mktemp("local_run") / "penguins_2_bad.csv"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    done = _hpml("run", "penguin", "--param", "epochs=1", "--param", "batch_size=64",
+                 "--param", f"data_path={data}", "--param", "skip_bad_rows=true")
     assert done.returncode == 0, done.stderr[-3000:]
+    done.data_path, done.rows = str(data), len(lines) - 1
     return done
 
 
@@ -27,6 +38,11 @@ def test_local_run_prints_a_summary(local_run):
     for part in ("ExampleGen", "Transform", "Trainer", "Trainer/model", "eval: accuracy=", "run record: MLflow run"):
         assert part in out, part
     assert "artifacts: " in out and "/penguin/local__" in out
+    examples = re.search(r"^examples: train=(\d+) eval=(\d+); 2 bad rows skipped$", out, re.M)
+    assert examples, out
+    assert int(examples[1]) + int(examples[2]) == local_run.rows - 2
+    assert f"skipped bad row {local_run.data_path}:11: expected 8 fields, got 9" in local_run.stderr
+    assert f"skipped bad row {local_run.data_path}:21: expected 8 fields, got 9" in local_run.stderr
 
 
 def test_runs_lists_both_engines_runs(local_run, penguin_dag_run):
@@ -89,6 +105,8 @@ def test_report_prints_the_run_reports_path(local_run):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == run.tags["hpml.report"] and os.path.isfile(done.stdout.strip())
     assert "run report: " + run.tags["hpml.report"] in local_run.stderr
+    page = open(done.stdout.strip(), encoding="utf-8").read()
+    assert re.search(r"<h2>Data</h2><p>\d+ examples from 1 file: train \d+, eval \d+; <b>2 bad rows skipped</b>", page)
 
 
 def test_report_open_hands_the_report_to_the_browser_or_says_it_could_not(local_run, tmp_path):

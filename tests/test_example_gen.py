@@ -108,14 +108,25 @@ def test_malformed_row_names_file_and_line(tmp_path):
     assert os.listdir(tmp_path / "out") == [], "a failed run must leave no artifact and no temporary"
 
 
-def test_skip_bad_rows_counts_them(tmp_path):
-    rows = _rows(30)
+def test_skip_bad_rows_counts_them_and_logs_the_first_few(tmp_path, caplog):
+    """A skipped row used to leave no trace but a count in the run record: the user could not tell which
+    rows, or why, without turning skip_bad_rows off again."""
+    rows = _rows(40)
     rows[3] = "Adelie,Dream"
     rows[7] = "Adelie,Dream,1,2,3,4"
+    for i in range(10, 16):
+        rows[i] = "Adelie,Dream,x,2007"
     csv = write_csv(tmp_path / "bad.csv", HEADER, rows)
-    props, _ = _run(tmp_path, {"input_path": csv, "skip_bad_rows": True})
-    assert props["bad_rows"] == 2
-    assert sum(props["split_counts"].values()) == 28
+    with caplog.at_level("WARNING", logger="hpml.example_gen"):
+        props, _ = _run(tmp_path, {"input_path": csv, "skip_bad_rows": True, "numeric_columns": ["bill_length_mm"]})
+    assert props["bad_rows"] == 8
+    assert sum(props["split_counts"].values()) == 32
+    logged = [r.getMessage() for r in caplog.records if r.name == "hpml.example_gen"]
+    assert logged[:5] == [f"skipped bad row {csv}:5: expected 4 fields, got 2",
+                          f"skipped bad row {csv}:9: expected 4 fields, got 6",
+                          *[f"skipped bad row {csv}:{n}: column 'bill_length_mm' must hold a number, got 'x'"
+                            for n in (12, 13, 14)]]
+    assert logged[5:] == ["ExampleGen skipped 8 bad row(s) of 40 (skip_bad_rows=true); the log above names the first"]
 
 
 def test_missing_label_column(tmp_path):

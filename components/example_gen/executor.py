@@ -134,4 +134,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 f"{source}: split(s) {', '.join(empty)} got no examples from {sum(counts.values())} rows",
                 hint="use more data or change the split buckets",
             )
+    if bad_rows:
+        sources.log.warning("ExampleGen skipped %d bad row(s) of %d (skip_bad_rows=true); the log above names the "
+                            "first", bad_rows, bad_rows + sum(counts.values()))
     return {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import glob
 import gzip
+import logging
 import math
 import os
 import zlib
@@ -14,6 +15,10 @@ import apache_beam as beam
 from components.errors import InputDataError
 
 NAMESPACE = "hpml.example_gen"
+log = logging.getLogger(NAMESPACE)
+
+# How many skipped rows each reader names in the log; the rest are counted only.
+LOGGED_BAD_ROWS = 5
 
 # UTF-8, with or without the byte-order mark that spreadsheets (Excel's "CSV UTF-8") write first: read
 # as plain UTF-8 it would stick to the first column's name, which then looks right but matches nothing.
@@ -112,6 +117,21 @@ def describe_header(header: Sequence[str]) -> str:
     return text
 
 
+class _SkippedRows:
+    """Counts the rows skip_bad_rows drops, and logs the first LOGGED_BAD_ROWS with where and why: a count
+    alone leaves the user to turn skipping off again to find them."""
+
+    def __init__(self):
+        self._counter = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
+        self._logged = 0
+
+    def skip(self, where: str, problem: str) -> None:
+        self._counter.inc()
+        if self._logged < LOGGED_BAD_ROWS:
+            self._logged += 1
+            log.warning("skipped bad row %s: %s", where, problem)
+
+
 def _kind_of(text: str) -> int:
     """INT, FLOAT or BYTES: the narrowest kind that holds `text`. int() and float() also read '2023_01' as
     202301 and non-ASCII digits as numbers; a CSV cell like that is text."""
@@ -142,7 +162,7 @@ class ReadCsvRows(beam.DoFn):
         self._required = list(required_columns)
         self._numeric = list(numeric_columns)
         self._numeric_names = set(numeric_columns)
-        self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
+        self._skipped = _SkippedRows()
 
     def _cell(self, name: str, value: str) -> str | None:
         """A cell's text, or None where it is missing: one of na_values, or NaN in a numeric column. NaN is how
@@ -192,7 +212,7 @@ class ReadCsvRows(beam.DoFn):
                     problem = bad_bytes or self._problem(fields, values)
                     if problem is not None:
                         if self._skip:
-                            self._bad.inc()
+                            self._skipped.skip(f"{path}:{line}", problem)
                             continue
                         fix = _NOT_UTF8_HINT if bad_bytes else "fix the row"
                         raise InputDataError(f"{path}:{line}: {problem}", hint=f"{fix}, or set skip_bad_rows=true")
@@ -257,7 +277,7 @@ class ReadTFRecordExamples(beam.DoFn):
         self._skip = skip_bad_rows
         self._required = list(required_features)
         self._numeric = list(numeric_features)
-        self._bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_rows")
+        self._skipped = _SkippedRows()
 
     def _problem(self, record: bytes) -> str | None:
         """What is wrong with a record, or None: not a tf.Example, no value in a required feature, or
@@ -295,7 +315,7 @@ class ReadTFRecordExamples(beam.DoFn):
                 problem = self._problem(record)
                 if problem is not None:
                     if self._skip:
-                        self._bad.inc()
+                        self._skipped.skip(f"{path}: record {index}", problem)
                         continue
                     raise InputDataError(
                         f"{path}: record {index}: {problem}", hint="fix the file, or set skip_bad_rows=true"
