@@ -107,6 +107,12 @@ def cmd_runs(args) -> int:
         for key in sorted(set(a.params) | set(b.params)):
             va, vb = a.params.get(key, "-"), b.params.get(key, "-")
             table.add_row(f"param {key}", va, vb, style=None if va == vb else "bold")
+        for split in [*a.examples, *(s for s in b.examples if s not in a.examples)]:
+            va, vb = (str(r.examples[split]) if split in r.examples else "-" for r in (a, b))
+            table.add_row(f"examples {split}", va, vb, style=None if va == vb else "bold")
+        if a.bad_rows or b.bad_rows:
+            table.add_row("bad rows skipped", str(a.bad_rows), str(b.bad_rows),
+                          style=None if a.bad_rows == b.bad_rows else "bold")
         for key in sorted(set(a.eval_metrics) | set(b.eval_metrics)):
             table.add_row(f"eval {key}", _fmt(a.eval_metrics.get(key)), _fmt(b.eval_metrics.get(key)))
         for key in sorted(set(a.durations) | set(b.durations)):

@@ -79,6 +79,12 @@ def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run)
     epochs_row = next(line for line in done.stdout.splitlines() if "param epochs" in line)
     assert [cell.strip() for cell in epochs_row.split("│")][2:4] == ["3", "1"]
     assert "eval accuracy" in done.stdout
+    rows = {cells[1]: cells[2:4] for line in done.stdout.splitlines()
+            if len(cells := [c.strip() for c in line.split("│")]) > 3}
+    assert rows["bad rows skipped"] == ["0", "2"], "the local run read a copy with two rows broken"
+    dag_run, local = records.load(penguin_dag_run["mlflow_run_id"]), records.load(local_id)
+    assert rows["examples train"] == [str(dag_run.examples["train"]), str(local.examples["train"])]
+    assert sum(local.examples.values()) == sum(dag_run.examples.values()) - 2
     plot = done.stdout.split("overlay plot: ")[1].split()[0]
     assert open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
