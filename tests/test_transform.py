@@ -59,3 +59,36 @@ def test_missing_feature_fails_before_any_beam_work(penguin_outputs, tmp_path):
     with pytest.raises(InputDataError, match=r"schema.pbtxt: feature 'beak_colour' is not in the schema"):
         TRANSFORM.run(inputs, outputs, {"module": "pipelines.penguin_module", "required_features": ["beak_colour"]})
     assert os.listdir(tmp_path) == []
+
+
+USER_MODULE = '''import tensorflow_transform as tft
+
+
+def reads_a_missing_feature(inputs):
+    return {"mass": tft.scale_to_z_score(inputs["body_mass_kg"])}
+
+
+def scales_a_string(inputs):
+    return {"island": tft.scale_to_z_score(inputs["island"])}
+'''
+
+
+@pytest.mark.parametrize("fn, message, hint", [
+    ("reads_a_missing_feature", r"Transform: preprocessing_fn reads feature 'body_mass_kg', which the raw "
+     r"examples do not have \(/.*/module\.py:5\)$", "the raw features are: bill_depth_mm (float), "),
+    ("scales_a_string", r"Transform: preprocessing_fn failed at /.*/module\.py:9: TypeError: Tensor type tf\.string "
+     r"is not supported", "the raw features are: "),
+])
+def test_a_failing_preprocessing_fn_names_its_line_and_the_raw_features(penguin_outputs, tmp_path, fn, message,
+                                                                          hint):
+    """A mistake in the user's preprocessing_fn surfaced as a bare `KeyError: 'body_mass_kg'` from deep in
+    tf.Transform's tracing: no component, no line of the user's file, and no list of what the data holds."""
+    module = tmp_path / "module.py"
+    module.write_text(USER_MODULE)
+    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"],
+              "schema": penguin_outputs["ExampleGen"]["schema"]}
+    outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with pytest.raises(SpecError, match=message) as err:
+        TRANSFORM.run(inputs, outputs, {"module": str(module), "preprocessing_fn": fn})
+    assert err.value.hint.startswith(hint) and "species (string)" in err.value.hint
+    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == []

@@ -5,17 +5,19 @@ GZIP transformed examples per split, and the InputPipeline spec.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Mapping
 
 import apache_beam as beam
+from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components import artifacts
 from components.beam_utils import make_pipeline, run_pipeline
 from components.errors import InputDataError, SpecError
 from components.example_gen.schema_inference import read_schema
 from components.transform import tuning
-from components.user_module import load_function
+from components.user_module import failing_line, load_function
 
 
 def _check_required_features(schema, required: list[str], where: str) -> None:
@@ -26,6 +28,31 @@ def _check_required_features(schema, required: list[str], where: str) -> None:
                 f"{where}: feature {name!r} is not in the schema",
                 hint=f"the schema has: {', '.join(sorted(names))}",
             )
+
+
+_TYPE_NAMES = {schema_pb2.INT: "int", schema_pb2.FLOAT: "float", schema_pb2.BYTES: "string"}
+
+
+def _guarded(preprocessing_fn, schema):
+    """`preprocessing_fn`, with a mistake in it (a feature the data lacks, an analyzer given the wrong type)
+    reported as a SpecError naming the line of the user's file and listing the raw features. tf.Transform
+    traces the function while the Beam pipeline is built, so the error would otherwise surface bare."""
+    features = ", ".join(f"{f.name} ({_TYPE_NAMES.get(f.type, 'unknown')})" for f in schema.feature)
+    hint = f"the raw features are: {features}"
+
+    @functools.wraps(preprocessing_fn)
+    def checked(inputs):
+        try:
+            return preprocessing_fn(inputs)
+        except Exception as err:  # noqa: BLE001 - any failure in user code is reported the same way
+            where = failing_line(err, preprocessing_fn)
+            if isinstance(err, KeyError) and err.args and err.args[0] not in inputs:
+                raise SpecError(f"Transform: preprocessing_fn reads feature {err.args[0]!r}, which the raw "
+                                f"examples do not have ({where})", hint=hint) from err
+            raise SpecError(f"Transform: preprocessing_fn failed at {where}: {type(err).__name__}: {err}",
+                            hint=hint) from err
+
+    return checked
 
 
 def _remove_scratch(path: str, attempts: int = 5) -> None:
@@ -52,7 +79,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     schema_file = artifacts.schema_path(inputs["schema"])
     schema = read_schema(schema_file)
     _check_required_features(schema, list(params["required_features"]), schema_file)
-    preprocessing_fn = load_function(params["module"], params["preprocessing_fn"])
+    preprocessing_fn = _guarded(load_function(params["module"], params["preprocessing_fn"]), schema)
 
     splits = artifacts.list_splits(inputs["examples"])
     for name in params["analyze_splits"]:
