@@ -48,6 +48,7 @@ def failing_line(err: BaseException, fn: Callable) -> str:
     """Where in `fn`'s own file `err` was raised, as 'file.py:LINE' (the deepest such frame: the user's
     line, not the library call it made); the file alone when no frame of the traceback is in it."""
     code = getattr(fn, "__code__", None)
-    filename = code.co_filename if code else getattr(sys.modules.get(fn.__module__), "__file__", None) or "?"
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    filename = code.co_filename if code else getattr(module, "__file__", None) or "?"
     frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == filename]
     return f"{filename}:{frames[-1].lineno}" if frames else filename

@@ -46,7 +46,7 @@ def _guarded(preprocessing_fn, schema):
             return preprocessing_fn(inputs)
         except Exception as err:  # noqa: BLE001 - any failure in user code is reported the same way
             where = failing_line(err, preprocessing_fn)
-            if isinstance(err, KeyError) and err.args and err.args[0] not in inputs:
+            if isinstance(err, KeyError) and err.args and isinstance(err.args[0], str) and err.args[0] not in inputs:
                 raise SpecError(f"Transform: preprocessing_fn reads feature {err.args[0]!r}, which the raw "
                                 f"examples do not have ({where})", hint=hint) from err
             raise SpecError(f"Transform: preprocessing_fn failed at {where}: {type(err).__name__}: {err}",
