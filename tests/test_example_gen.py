@@ -308,6 +308,26 @@ def test_a_spark_style_output_directory_reads_only_its_data_files(tmp_path):
     assert props["input_files"] == 2 and sum(props["split_counts"].values()) == 40
 
 
+def test_files_whose_headers_differ_are_named_with_the_difference(tmp_path):
+    """The error named the two files and nothing else; in a folder of a hundred parts, or one that also holds
+    a stray notes file, the user had to diff the headers by hand."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    write_csv(folder / "part-0.csv", HEADER, _rows(10))
+    write_csv(folder / "part-1.csv", HEADER.replace("year", "yr"), _rows(10))
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": str(folder)})
+    assert str(err.value) == (f"{folder}/part-1.csv: header differs from {folder}/part-0.csv: column 4 is 'yr', "
+                              "not 'year'")
+    assert err.value.hint == "every input file must hold the same columns in the same order; a glob such as " \
+                             f"{folder}/*.csv picks the parts alone"
+    (folder / "part-1.csv").unlink()
+    (folder / "readme.txt").write_text("to do:\nmore penguins\n")
+    with pytest.raises(InputDataError, match=r"readme.txt: header differs from .*part-0.csv: it has 1 column\(s\), "
+                                             r"not 4 \(species, island, bill_length_mm, year\)$"):
+        _run(tmp_path, {"input_path": str(folder)})
+
+
 def test_gzip_csv_parts_read_like_plain_ones_and_unreadable_files_are_named(tmp_path):
     plain = write_csv(tmp_path / "plain.csv", HEADER, _rows(40))
     packed = tmp_path / "packed.csv.gz"

@@ -71,8 +71,13 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     if params["input_format"] == "csv":
         header = sources.read_csv_header(files[0])
         for other in files[1:]:
-            if sources.read_csv_header(other) != header:
-                raise InputDataError(f"{other}: header differs from {files[0]}")
+            other_header = sources.read_csv_header(other)
+            if other_header != header:
+                glob_hint = f"; a glob such as {os.path.join(source, '*.csv')} picks the parts alone" \
+                    if os.path.isdir(source) else ""
+                raise InputDataError(
+                    f"{other}: header differs from {files[0]}: {sources.header_difference(other_header, header)}",
+                    hint=f"every input file must hold the same columns in the same order{glob_hint}")
         for name in [*required, *numeric]:
             if name not in header:
                 kind = "required" if name in required else "numeric"

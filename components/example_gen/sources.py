@@ -117,6 +117,14 @@ def describe_header(header: Sequence[str]) -> str:
     return text
 
 
+def header_difference(header: Sequence[str], reference: Sequence[str]) -> str:
+    """How `header` differs from `reference`: the first column that differs, or the column counts."""
+    if len(header) != len(reference):
+        return f"it has {len(header)} column(s), not {len(reference)} ({', '.join(reference)})"
+    index = next(i for i, (a, b) in enumerate(zip(header, reference)) if a != b)
+    return f"column {index + 1} is {header[index]!r}, not {reference[index]!r}"
+
+
 class _SkippedRows:
     """Counts the rows skip_bad_rows drops, and logs the first LOGGED_BAD_ROWS with where and why: a count
     alone leaves the user to turn skipping off again to find them."""
