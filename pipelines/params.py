@@ -74,7 +74,8 @@ def training_params_schema(default_data_path: str) -> dict:
             },
             "skip_bad_rows": {
                 "type": "boolean", "default": False,
-                "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing.",
+                "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing; "
+                                                             "the task log names the first few, by line.",
             },
         },
     }
