@@ -275,6 +275,8 @@ def test_failure_past_retries_is_clear_and_keeps_the_backup(penguin_outputs, tmp
     with pytest.raises(LaunchError, match=r"training failed after 1 restart\(s\): worker-\d exited with code 1: "
                                           r"ValueError: out of coffee") as err:
         TRAINER.run(_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 1})
+    assert str(err.value).endswith("ValueError: out of coffee; every attempt failed with this same error, which "
+                                   "restarts do not mend: look for a bug in the module or its data")
     assert "resumes from it" in err.value.hint
     assert os.path.isdir(outputs["model"] + ".work/backup"), "the backup must survive for the next attempt"
     assert not os.path.exists(outputs["model"])

@@ -130,6 +130,16 @@ def _exit_reason(proc: _Process, code: int) -> str:
     return reason + (": " + summary if summary else "")
 
 
+def _same_every_time(failures: list[str]) -> str:
+    """A note when every attempt failed with one and the same exception (whichever worker raised it): a
+    lost worker or a network fault would not repeat exactly, and a bug in run_fn or its data does."""
+    causes = {failure.partition(": ")[2] for failure in failures}
+    if len(failures) < 2 or len(causes) != 1 or not causes.pop():
+        return ""
+    return "; every attempt failed with this same error, which restarts do not mend: look for a bug in the module " \
+           "or its data"
+
+
 class LocalLauncher:
     """Runs `python -m components.trainer.worker JOB` once per cluster task."""
 
@@ -168,7 +178,8 @@ class LocalLauncher:
                     before = read_progress(progress_dir)
                     failed_at = time.perf_counter()
                     if report.restarts >= self.max_restarts:
-                        raise LaunchError(f"training failed after {report.restarts} restart(s): {failure}",
+                        raise LaunchError(f"training failed after {report.restarts} restart(s): {failure}"
+                                          + _same_every_time(report.failures),
                                           hint="the backup is kept: a retry of this task resumes from it")
                     report.restarts += 1
                     log.warning("restarting the cluster (%d/%d) after: %s", report.restarts, self.max_restarts, failure)
