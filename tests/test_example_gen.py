@@ -349,6 +349,24 @@ def test_gzip_csv_parts_read_like_plain_ones_and_unreadable_files_are_named(tmp_
     assert err.value.hint == "save the file as UTF-8 CSV"
 
 
+@pytest.mark.parametrize("name, compression", [("part.tfrecord.gz", "GZIP"), ("examples", "")])
+def test_tfrecords_read_as_csv_are_named_as_tfrecords(tmp_path, name, compression):
+    """A TFRecord file read as CSV failed on its header: as a column named by binary bytes, or as "not UTF-8
+    text" with a hint to save the file as UTF-8 CSV. The file's framing tells it apart, whatever its name."""
+    path = tmp_path / name
+    with tf.io.TFRecordWriter(str(path), options=compression) as writer:
+        for i in range(3):
+            example = tf.train.Example()
+            example.features.feature["year"].int64_list.value.append(2007 + i)
+            writer.write(example.SerializeToString())
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": str(path)})
+    assert str(err.value) == f"{path}: a TFRecord file, not CSV"
+    assert err.value.hint == "ExampleGen reads TFRecord files with input_format='tfrecord'"
+    props, _ = _run(tmp_path, {"input_path": str(path), "input_format": "tfrecord", "splits": {"all": 1}}, "read")
+    assert props["split_counts"] == {"all": 3}
+
+
 def test_a_row_that_is_not_utf8_is_a_bad_row_named_by_line_and_column(tmp_path):
     """One Latin-1 cell in a UTF-8 export failed the whole file with no line named: the decoder reads ahead
     in 8 KB blocks, so the csv reader's line count was wherever the block began."""

@@ -79,6 +79,9 @@ def _unreadable(path: str, line: int, err: Exception) -> InputDataError:
 
 def read_csv_header(path: str) -> list[str]:
     """The header row, checked before any Beam work so an empty or unreadable file fails fast."""
+    if looks_like_tfrecord(path):
+        raise InputDataError(f"{path}: a TFRecord file, not CSV",
+                             hint="ExampleGen reads TFRecord files with input_format='tfrecord'")
     with open_csv(path) as handle:
         reader = csv.reader(handle)
         try:
@@ -336,6 +339,26 @@ class ReadTFRecordExamples(beam.DoFn):
 def _is_gzip(path: str) -> bool:
     with open(path, "rb") as handle:
         return handle.read(2) == b"\x1f\x8b"
+
+
+def looks_like_tfrecord(path: str) -> bool:
+    """Whether the file (GZIP or not) opens with TFRecord framing: an 8-byte little-endian length and a 4-byte
+    CRC, that many bytes and a 4-byte CRC, then either the end or the next record's length. Text never
+    passes: with no zero byte in its first 8, they read as a length of at least 2**56."""
+    opener = gzip.open if _is_gzip(path) else open
+    try:
+        with opener(path, "rb") as handle:
+            head = handle.read(12)
+            if len(head) < 12:
+                return False
+            length = int.from_bytes(head[:8], "little")
+            if not 0 < length < 1 << 31:
+                return False
+            body = handle.read(length + 4)
+            after = handle.read(8)
+    except (OSError, EOFError, zlib.error):
+        return False
+    return len(body) == length + 4 and len(after) in (0, 8)
 
 
 def has_any_record(path: str) -> bool:
