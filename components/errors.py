@@ -1,6 +1,8 @@
 """Errors that reach users: one clear line naming the file, row or field, plus a hint."""
 from __future__ import annotations
 
+import re
+
 
 # The exit status of a process stopped by a user error (bad input or parameters): the CLI's, and a
 # Trainer worker's, which tells the launcher that a restart would fail the same way.
@@ -26,3 +28,9 @@ class InputDataError(HpmlError):
 
 class SpecError(HpmlError):
     """A component parameter, pipeline parameter or artifact layout is invalid."""
+
+
+def op_error_message(err) -> str:
+    """A TensorFlow op error's own words (`tf.errors.OpError.message`), without the `{{function_node ...}}`
+    prefix and `[Op:...] name:` suffix that eager execution wraps them in."""
+    return re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$", "", err.message.strip()).strip()

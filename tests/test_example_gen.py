@@ -180,8 +180,14 @@ def test_reads_existing_tfrecords_and_rejects_corrupt_ones(tmp_path):
     data = gzip.open(glob.glob(first["examples"] + "/Split-train/*.gz")[0]).read()
     with gzip.open(corrupt, "wb") as handle:
         handle.write(data[: len(data) // 2] + b"\x00garbage")
-    with pytest.raises(InputDataError, match=r"corrupt.tfrecord.gz: corrupted TFRecord"):
+    with pytest.raises(InputDataError, match=r"corrupt.tfrecord.gz: corrupted TFRecord after record \d+ "
+                                             r"\((corrupted|truncated) record at \d+[^{}\[\]]*\)$"):
         _run(tmp_path, {"input_path": str(corrupt), "input_format": "tfrecord"}, "bad")
+    # A CSV file read as TFRecord was "corrupted after record 0", quoting TF's op-level message.
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": csv, "input_format": "tfrecord"}, "csv")
+    assert str(err.value) == f"{csv}: not a TFRecord file (it starts with 'species,island,bill_leng')"
+    assert err.value.hint == "ExampleGen reads CSV files with input_format='csv'"
 
 
 def test_a_word_in_a_numeric_column_is_a_bad_row_not_a_text_column(tmp_path):

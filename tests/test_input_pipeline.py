@@ -239,6 +239,7 @@ def test_corrupt_shard_is_named(tuned, corrupt_shards):
         _ids(tuned, folder, shuffle=False)
     named = explain_read_error(files, "GZIP", caught.value)
     assert isinstance(named, InputDataError) and victim in str(named) and "part-0" not in str(named)
+    assert "{{function_node" not in str(named) and "[Op:" not in str(named), "TF's own words, not its wrapping"
 
 
 def test_corrupt_shard_is_skipped_and_counted_when_configured(tuned, corrupt_shards):

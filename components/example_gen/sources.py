@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 import apache_beam as beam
 
-from components.errors import InputDataError
+from components.errors import InputDataError, op_error_message
 
 NAMESPACE = "hpml.example_gen"
 log = logging.getLogger(NAMESPACE)
@@ -333,7 +333,13 @@ class ReadTFRecordExamples(beam.DoFn):
                     )
                 yield path, index, record
         except tf.errors.DataLossError as err:
-            raise InputDataError(f"{path}: corrupted TFRecord after record {index} ({err.message})") from None
+            if index == 0 and not looks_like_tfrecord(path):
+                opener = gzip.open if _is_gzip(path) else open
+                with opener(path, "rb") as handle:
+                    start = handle.read(24).decode("utf-8", "replace")
+                raise InputDataError(f"{path}: not a TFRecord file (it starts with {start!r})",
+                                     hint="ExampleGen reads CSV files with input_format='csv'") from None
+            raise InputDataError(f"{path}: corrupted TFRecord after record {index} ({op_error_message(err)})") from None
 
 
 def _is_gzip(path: str) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from components.errors import InputDataError
+from components.errors import InputDataError, op_error_message
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ def check_shards(files: list[str], compression: str) -> dict[str, str]:
         try:
             tf.data.TFRecordDataset(path, compression_type=compression).reduce(0, lambda n, _: n + 1)
         except tf.errors.OpError as err:
-            corrupt[path] = err.message.strip().splitlines()[-1][:300]
+            corrupt[path] = op_error_message(err).splitlines()[-1][:300]
     return corrupt
 
 
