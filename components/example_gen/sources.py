@@ -219,7 +219,7 @@ class ReadCsvRows(beam.DoFn):
                     if not fields:
                         continue  # a blank line
                     values = {name: self._cell(name, value) for name, value in zip(self._header, fields)}
-                    bad_bytes = self._not_utf8(values)
+                    bad_bytes = None if "".join(fields).isascii() else self._not_utf8(values)  # ASCII: 0.13 µs
                     problem = bad_bytes or self._problem(fields, values)
                     if problem is not None:
                         if self._skip:
