@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import jsonschema
 
 from components.errors import SpecError
-from components.trainer.strategies import STRATEGIES
+from components.trainer.strategies import CLUSTER_STRATEGIES, STRATEGIES
 from pipelines.paths import confine
 
 
@@ -59,12 +59,21 @@ def training_params_schema(default_data_path: str) -> dict:
                 "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
                 "title": "Workers",
                 "description": "Trainer worker processes: on loopback (local launcher) or replicas of the "
-                               "remote job. More than 1 needs strategy auto or multi_worker_mirrored.",
+                               "remote job. More than 1 needs strategy auto, multi_worker_mirrored or "
+                               "parameter_server.",
+            },
+            "num_ps": {
+                "type": "integer", "minimum": 0, "maximum": 8, "default": 0,
+                "title": "Parameter servers",
+                "description": "ParameterServerStrategy's ps tasks: processes on loopback (local launcher) or ps "
+                               "replicas of the remote job. Strategy parameter_server needs 1 or more; with "
+                               "strategy auto, 1 or more picks parameter_server.",
             },
             "gradient_accumulation_steps": {
                 "type": "integer", "minimum": 1, "maximum": 64, "default": 1,
                 "title": "Gradient accumulation steps",
-                "description": "Split each batch into this many micro-batches and apply one summed update.",
+                "description": "Split each batch into this many micro-batches and apply one summed update. At "
+                               "most batch_size; strategy gpipe makes its own micro-batches, so leave it at 1 there.",
             },
             "seed": {
                 "type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1, "default": 42,
@@ -94,11 +103,40 @@ def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
         err = errors[0]
         field = ".".join(map(str, err.path)) or "(parameters)"
         raise SpecError(f"parameter {field!r}: {err.message}", hint=_hint(schema, err))
+    _check_combinations(merged)
     if "data_path" in merged:
         merged["data_path"] = confine(merged["data_path"], "data_path")
     if merged.get("launcher", "local") != "local":
         merged["cluster"] = cluster_config(merged["launcher"])
     return merged
+
+
+def _check_combinations(values: Mapping[str, Any]) -> None:
+    """Values that are each valid but cannot work together, refused here rather than when the Trainer
+    starts, after ExampleGen and Transform have run. Only the fields a pipeline has are checked."""
+    strategy = values.get("strategy", "auto")
+    workers, ps = values.get("num_workers", 1), values.get("num_ps", 0)
+    launcher = values.get("launcher", "local")
+    if strategy == "parameter_server" and not ps:
+        raise SpecError("parameter 'num_ps': strategy parameter_server needs at least one parameter server",
+                        hint="set num_ps to 1 or more, or choose another strategy")
+    if ps and strategy not in ("auto", "parameter_server"):
+        raise SpecError(f"parameter 'strategy': num_ps={ps} trains with ParameterServerStrategy, not {strategy}",
+                        hint="set strategy to auto or parameter_server, or num_ps to 0")
+    if (workers > 1 or launcher != "local") and strategy not in ("auto", *CLUSTER_STRATEGIES):
+        job = f"num_workers={workers}" if workers > 1 else f"launcher {launcher}"
+        raise SpecError(f"parameter 'strategy': {job} runs a cluster of worker processes, which needs "
+                        f"multi_worker_mirrored or parameter_server, not {strategy}",
+                        hint="set strategy to auto, multi_worker_mirrored or parameter_server")
+    steps, batch = values.get("gradient_accumulation_steps", 1), values.get("batch_size")
+    if steps > 1 and strategy == "gpipe":
+        raise SpecError("parameter 'gradient_accumulation_steps': strategy gpipe already splits each batch into "
+                        "micro-batches and applies one summed update",
+                        hint="leave gradient_accumulation_steps at 1 with strategy gpipe")
+    if batch is not None and steps > batch:
+        raise SpecError(f"parameter 'gradient_accumulation_steps': {steps} micro-batches of a batch of {batch} "
+                        f"examples leave {steps - batch} of them empty",
+                        hint="use at most batch_size micro-batches, or a larger batch_size")
 
 
 def cluster_config(launcher: str) -> dict:

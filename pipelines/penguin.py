@@ -54,6 +54,7 @@ PIPELINE = Pipeline(
                 "cluster": p.get("cluster", {}),
                 "strategy": p["strategy"],
                 "num_workers": p["num_workers"],
+                "num_ps": p["num_ps"],
             },
         ),
     ),

@@ -31,6 +31,37 @@ def test_invalid_values_name_the_field(bad, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"strategy": "parameter_server"}, "'num_ps': strategy parameter_server needs at least one parameter server"),
+        ({"num_ps": 1, "strategy": "mirrored"},
+         "'strategy': num_ps=1 trains with ParameterServerStrategy, not mirrored"),
+        ({"num_workers": 2, "strategy": "one_device"}, "'strategy': num_workers=2 runs a cluster of worker processes"),
+        ({"launcher": "vertex", "strategy": "gpipe"}, "'strategy': launcher vertex runs a cluster of worker processes"),
+        ({"strategy": "gpipe", "gradient_accumulation_steps": 2},
+         "'gradient_accumulation_steps': strategy gpipe already splits each batch into micro-batches"),
+        ({"batch_size": 8, "gradient_accumulation_steps": 16}, "16 micro-batches of a batch of 8 examples leave 8"),
+    ],
+)
+def test_values_that_cannot_work_together_are_refused_before_any_work(values, message):
+    """Each of these used to pass validation and fail in the Trainer, after ExampleGen and Transform
+    (or, for too many micro-batches, to run with empty ones)."""
+    with pytest.raises(SpecError) as err:
+        params.validate(SCHEMA, values)
+    assert message in str(err.value) and err.value.hint
+
+
+def test_parameter_servers_are_a_pipeline_parameter_that_reaches_the_trainer(penguin_csv):
+    values = params.validate(SCHEMA, {"num_ps": 1, "num_workers": 2})
+    trainer = PIPELINE.node("Trainer").params(values)
+    assert (trainer["num_ps"], trainer["num_workers"], trainer["strategy"]) == (1, 2, "auto")
+    assert params.validate(SCHEMA, {})["num_ps"] == 0
+    for fine in ({"strategy": "parameter_server", "num_ps": 1}, {"strategy": "gpipe"},
+                 {"num_workers": 2, "strategy": "multi_worker_mirrored"}, {"gradient_accumulation_steps": 32}):
+        assert params.validate(SCHEMA, fine)["strategy"] == fine.get("strategy", "auto")
+
+
 def test_data_path_outside_roots_is_refused(monkeypatch):
     monkeypatch.setenv("HPML_DATA_ROOTS", "")
     with pytest.raises(SpecError, match="outside the allowed data roots") as err:

@@ -19,6 +19,7 @@ from components.input_pipeline.shards import explain_read_error
 from components.input_pipeline.stall import STALL_FILE
 from components.trainer.fn_args import FnArgs, input_pipeline_data_accessor, tfxio_data_accessor
 from components.trainer.launchers import remote
+from components.trainer.strategies import CLUSTER_STRATEGIES
 from components.user_module import load_function
 
 log = logging.getLogger("hpml.trainer")
@@ -82,7 +83,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     cluster = remote.RemoteCluster.from_params(params["launcher"], params["cluster"]) if _remote(params) else None
     plan = make_plan(params)
     distributed = params["num_workers"] > 1 or params["num_ps"] > 0
-    if distributed and params["launcher"] == "local" and plan.strategy not in remote.CLUSTER_STRATEGIES:
+    if distributed and params["launcher"] == "local" and plan.strategy not in CLUSTER_STRATEGIES:
         raise SpecError(f"num_workers={params['num_workers']}, num_ps={params['num_ps']} needs strategy "
                         f"multi_worker_mirrored or parameter_server, not {plan.strategy}")
 

@@ -12,6 +12,8 @@ STRATEGIES = (
     "auto", "one_device", "mirrored", "central_storage",
     "multi_worker_mirrored", "parameter_server", "tpu", "gpipe",
 )
+# Strategies that span several worker processes: the only ones a multi-worker or remote job can run.
+CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 # Strategies our BackupAndRestore (callbacks.py) accepts: tf_keras's list plus CentralStorage. tf_keras
 # refuses OneDevice, which is why one_device runs under the default strategy.
 BACKUP_CAPABLE = ("one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu",

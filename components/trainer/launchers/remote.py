@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from components.errors import SpecError
 from components.trainer.launchers import vertex
 from components.trainer.launchers.cluster_job import ClusterJob
+from components.trainer.strategies import CLUSTER_STRATEGIES
 
 log = logging.getLogger("hpml.launcher.remote")
-
-CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
 
 
 @dataclass(frozen=True)
