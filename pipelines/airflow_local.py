@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from components.errors import HpmlError
+from pipelines import locks
 from pipelines.paths import PROJECT_ROOT, hpml_home
 
 
@@ -23,10 +24,12 @@ def configure() -> Path:
 
 
 def migrate() -> None:
-    """`airflow db migrate`: creates or upgrades the SQLite metadata DB (idempotent)."""
-    configure()
+    """`airflow db migrate`: creates or upgrades the SQLite metadata DB (idempotent). One process at a
+    time: two runs started at once on a fresh home both created the tables, and one failed."""
+    home = configure()
     airflow = str(Path(sys.executable).with_name("airflow"))
-    done = subprocess.run([airflow, "db", "migrate"], capture_output=True, text=True)
+    with locks.held(home / ".migrate.lock"):
+        done = subprocess.run([airflow, "db", "migrate"], capture_output=True, text=True)
     if done.returncode != 0:
         raise HpmlError("airflow db migrate failed:\n" + done.stderr[-2000:])
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from components.errors import HpmlError
+from pipelines import locks
 from pipelines.paths import hpml_home
 
 ARTIFACT_TAG = "artifact."
@@ -29,10 +30,20 @@ def tracking_uri() -> str:
     return f"sqlite:///{home / 'mlflow.db'}"
 
 
+_OPENED: set[str] = set()  # SQLite stores this process has opened, so their tables exist
+
+
 def client():
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri())
+    uri = tracking_uri()
+    if uri in _OPENED or not uri.startswith("sqlite:"):
+        return MlflowClient(uri)
+    # Opening a new SQLite store creates its tables: two runs started at once must not both do it.
+    with locks.held(hpml_home() / ".mlflow-store.lock"):
+        mlflow_client = MlflowClient(uri)
+    _OPENED.add(uri)
+    return mlflow_client
 
 
 def _experiment_id(mlflow_client, name: str) -> str:

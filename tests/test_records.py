@@ -1,11 +1,16 @@
 """The run record (real SQLite MLflow store): Trainer properties land as the documented fields,
 and a run id prefix or a run name finds its run."""
+import os
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
 
 from components.errors import HpmlError
 from pipelines import records
+from pipelines.paths import PROJECT_ROOT
 
 
 def test_trainer_properties_become_run_record_fields(tmp_path):
@@ -68,3 +73,46 @@ def test_find_matches_a_tag_value_with_quotes_exactly():
     assert records.find("airflow.run_id", value, "find_test") == wanted
     assert records.find("airflow.run_id", value + "x", "find_test") is None
     assert records.find("airflow.run_id", value, "no_such_pipeline") is None
+
+
+_FIRST_RUN = """
+import pathlib, sys, time
+import mlflow.tracking  # imported first, so that the processes reach each store together
+from pipelines import airflow_local, records
+folder, me = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+def together(step):  # wait here until the test says go: every process then starts `step` at once
+    (folder / f"{step}.{me}").touch()
+    while not (folder / f"{step}.go").exists():
+        time.sleep(0.005)
+
+together("airflow")
+airflow_local.migrate()
+together("mlflow")
+records.start("first_run", me, {}, {})
+"""
+
+
+def test_runs_started_at_once_on_a_fresh_home_set_up_its_stores_once(tmp_path):
+    """Opening a new SQLite MLflow store creates its tables, and so does `airflow db migrate` on a new
+    Airflow DB: two runs started together on a fresh HPML_HOME both did it, and one failed with
+    'table ... already exists'. A lock beside each store makes the second wait."""
+    home, names = tmp_path / "home", ["run-0", "run-1"]
+    env = dict(os.environ, HPML_HOME=str(home), AIRFLOW_HOME=str(home / "airflow"))
+    starts = [subprocess.Popen([sys.executable, "-c", _FIRST_RUN, str(tmp_path), name], env=env, cwd=PROJECT_ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in names]
+    for step in ("airflow", "mlflow"):
+        deadline = time.monotonic() + 300
+        while not all((tmp_path / f"{step}.{name}").exists() for name in names):
+            assert time.monotonic() < deadline and all(s.poll() is None for s in starts), \
+                f"a process died before {step}: " + "".join(s.communicate()[0][-3000:] for s in starts)
+            time.sleep(0.05)
+        (tmp_path / f"{step}.go").touch()
+    for start in starts:
+        output = start.communicate(timeout=300)[0]
+        assert start.returncode == 0, output[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    store = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    runs = store.search_runs([store.get_experiment_by_name("first_run").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == names
