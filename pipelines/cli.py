@@ -117,7 +117,7 @@ def cmd_runs(args) -> int:
             table.add_row(f"eval {key}", _fmt(a.eval_metrics.get(key)), _fmt(b.eval_metrics.get(key)))
         for key in sorted(set(a.durations) | set(b.durations)):
             table.add_row(f"{key} seconds", _fmt(a.durations.get(key)), _fmt(b.durations.get(key)))
-        console.print(table)
+        _print_table(console, table)
         from pipelines.paths import hpml_home
         from pipelines.report import plot_overlay
 
@@ -158,8 +158,16 @@ def cmd_runs(args) -> int:
             _fmt(run.data.metrics.get("eval_accuracy")), run.data.params.get("strategy", "-"),
             run.data.params.get("epochs", "-"),
         )
-    console.print(table)
+    _print_table(console, table)
     return 0
+
+
+def _print_table(console, table) -> None:
+    """A table on a terminal fits its width; piped or redirected with no COLUMNS set, each row stays on
+    one line (rich would otherwise fold long names at 80 columns, which breaks `hpml runs | grep`)."""
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = console.measure(table, options=console.options.update_width(10_000)).maximum
+    console.print(table)
 
 
 def _status(run) -> str:

@@ -52,6 +52,18 @@ def test_runs_lists_both_engines_runs(local_run, penguin_dag_run):
     assert "local__" in done.stdout and "FINISHED" in done.stdout
 
 
+def test_runs_piped_with_no_columns_set_keeps_each_run_on_one_line(local_run, penguin_dag_run):
+    """`hpml runs | grep ...`: with no terminal and no COLUMNS, a long Airflow run id is not folded at 80."""
+    env = {name: value for name, value in os.environ.items() if name != "COLUMNS"}
+    done = subprocess.run([*HPML, "runs", "--pipeline", "penguin"], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    run_id = penguin_dag_run["dag_run"].run_id
+    assert len(run_id) > 30, run_id  # long enough that an 80-column table folds it
+    line = next(line for line in done.stdout.splitlines() if penguin_dag_run["mlflow_run_id"][:8] in line)
+    assert line.split()[1:3] == [run_id, "FINISHED"], done.stdout
+
+
 def test_ids_that_runs_shows_on_a_narrow_terminal_work_in_report_and_compare(local_run, penguin_dag_run):
     from pipelines import records
 
