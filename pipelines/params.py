@@ -12,6 +12,8 @@ from components.errors import SpecError
 from components.trainer.strategies import CLUSTER_STRATEGIES, STRATEGIES
 from pipelines.paths import confine
 
+REMAT_DEFAULT = "except_last"  # what gpipe does unless told; any other value without gpipe is refused
+
 
 def training_params_schema(default_data_path: str) -> dict:
     """JSON schema (draft 7) for the parameters every training pipeline takes."""
@@ -50,10 +52,11 @@ def training_params_schema(default_data_path: str) -> dict:
                                "(image, namespace, ...).",
             },
             "remat": {
-                "type": "string", "enum": ["never", "except_last", "always"], "default": "except_last",
+                "type": "string", "enum": ["never", "except_last", "always"], "default": REMAT_DEFAULT,
                 "title": "Rematerialisation (gpipe)",
                 "description": "With strategy gpipe: recompute each stage's activations in the backward pass "
-                               "for every micro-batch (always), all but the last (except_last), or none (never).",
+                               "for every micro-batch (always), all but the last (except_last), or none (never). Other "
+                               "strategies refuse a value other than except_last.",
             },
             "num_workers": {
                 "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
@@ -128,6 +131,11 @@ def _check_combinations(values: Mapping[str, Any]) -> None:
         raise SpecError(f"parameter 'strategy': {job} runs a cluster of worker processes, which needs "
                         f"multi_worker_mirrored or parameter_server, not {strategy}",
                         hint="set strategy to auto, multi_worker_mirrored or parameter_server")
+    remat = values.get("remat", REMAT_DEFAULT)
+    if remat != REMAT_DEFAULT and strategy != "gpipe":
+        raise SpecError(f"parameter 'remat': {remat!r} applies to strategy gpipe's stages only; strategy "
+                        f"{strategy} would train without it", hint="set strategy to gpipe, or leave remat at "
+                                                                    f"{REMAT_DEFAULT!r}")
     steps, batch = values.get("gradient_accumulation_steps", 1), values.get("batch_size")
     if steps > 1 and strategy == "gpipe":
         raise SpecError("parameter 'gradient_accumulation_steps': strategy gpipe already splits each batch into "

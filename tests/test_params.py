@@ -42,11 +42,13 @@ def test_invalid_values_name_the_field(bad, message):
         ({"strategy": "gpipe", "gradient_accumulation_steps": 2},
          "'gradient_accumulation_steps': strategy gpipe already splits each batch into micro-batches"),
         ({"batch_size": 8, "gradient_accumulation_steps": 16}, "16 micro-batches of a batch of 8 examples leave 8"),
+        ({"remat": "always"}, "'remat': 'always' applies to strategy gpipe's stages only; strategy auto would"),
+        ({"remat": "never", "strategy": "mirrored"}, "strategy mirrored would train without it"),
     ],
 )
 def test_values_that_cannot_work_together_are_refused_before_any_work(values, message):
     """Each of these used to pass validation and fail in the Trainer, after ExampleGen and Transform
-    (or, for too many micro-batches, to run with empty ones)."""
+    (or, for too many micro-batches, to run with empty ones; remat without gpipe was silently ignored)."""
     with pytest.raises(SpecError) as err:
         params.validate(SCHEMA, values)
     assert message in str(err.value) and err.value.hint
@@ -58,7 +60,8 @@ def test_parameter_servers_are_a_pipeline_parameter_that_reaches_the_trainer(pen
     assert (trainer["num_ps"], trainer["num_workers"], trainer["strategy"]) == (1, 2, "auto")
     assert params.validate(SCHEMA, {})["num_ps"] == 0
     for fine in ({"strategy": "parameter_server", "num_ps": 1}, {"strategy": "gpipe"},
-                 {"num_workers": 2, "strategy": "multi_worker_mirrored"}, {"gradient_accumulation_steps": 32}):
+                 {"num_workers": 2, "strategy": "multi_worker_mirrored"}, {"gradient_accumulation_steps": 32},
+                 {"strategy": "gpipe", "remat": "always"}, {"strategy": "mirrored", "remat": "except_last"}):
         assert params.validate(SCHEMA, fine)["strategy"] == fine.get("strategy", "auto")
 
 
