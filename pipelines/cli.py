@@ -164,10 +164,16 @@ def cmd_runs(args) -> int:
 
 def _print_table(console, table) -> None:
     """A table on a terminal fits its width; piped or redirected with no COLUMNS set, each row stays on
-    one line (rich would otherwise fold long names at 80 columns, which breaks `hpml runs | grep`)."""
-    if not console.is_terminal and "COLUMNS" not in os.environ:
+    one line (rich would otherwise fold long names at 80 columns, which breaks `hpml runs | grep`), and
+    lines lose the spaces that pad them to the table's width."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    if "COLUMNS" not in os.environ:
         console.width = console.measure(table, options=console.options.update_width(10_000)).maximum
-    console.print(table)
+    with console.capture() as captured:
+        console.print(table)
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def _status(run) -> str:

@@ -62,6 +62,8 @@ def test_runs_piped_with_no_columns_set_keeps_each_run_on_one_line(local_run, pe
     assert len(run_id) > 30, run_id  # long enough that an 80-column table folds it
     line = next(line for line in done.stdout.splitlines() if penguin_dag_run["mlflow_run_id"][:8] in line)
     assert line.split()[1:3] == [run_id, "FINISHED"], done.stdout
+    padded = [line for line in done.stdout.splitlines() if line != line.rstrip()]
+    assert not padded, f"lines padded with trailing spaces: {padded}"
 
 
 def test_ids_that_runs_shows_on_a_narrow_terminal_work_in_report_and_compare(local_run, penguin_dag_run):
