@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import jsonschema
 
 from components.errors import SpecError
+from components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding
 from components.trainer.strategies import CLUSTER_STRATEGIES, STRATEGIES
 from pipelines.paths import confine
 
@@ -84,6 +85,12 @@ def training_params_schema(default_data_path: str) -> dict:
                 "description": "Seeds weight initialisation and the shuffle order: the same seed, data "
                                "and parameters learn the same model, bit for bit.",
             },
+            "encoding": {
+                "type": "string", "minLength": 1, "maxLength": 40, "default": DEFAULT_ENCODING,
+                "title": "CSV encoding",
+                "description": "Text encoding of the CSV files: utf-8 (with or without a byte-order mark), or "
+                               "e.g. latin-1 or cp1252 for older spreadsheet exports.",
+            },
             "skip_bad_rows": {
                 "type": "boolean", "default": False,
                 "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing; "
@@ -106,6 +113,9 @@ def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
         err = errors[0]
         field = ".".join(map(str, err.path)) or "(parameters)"
         raise SpecError(f"parameter {field!r}: {err.message}", hint=_hint(schema, err))
+    problem = "encoding" in merged and check_encoding(merged["encoding"])
+    if problem:
+        raise SpecError(f"parameter 'encoding': {problem}", hint=_hint(schema, None, "encoding"))
     _check_combinations(merged)
     if "data_path" in merged:
         merged["data_path"] = confine(merged["data_path"], "data_path")
@@ -169,10 +179,11 @@ def cluster_config(launcher: str) -> dict:
     return raw
 
 
-def _hint(schema: Mapping, err) -> str | None:
-    if err.validator == "additionalProperties":
+def _hint(schema: Mapping, err, field: str | None = None) -> str | None:
+    if err is not None and err.validator == "additionalProperties":
         return f"known parameters: {', '.join(sorted(schema['properties']))}"
-    field = err.path[0] if err.path else None
+    if err is not None:
+        field = err.path[0] if err.path else None
     prop = schema["properties"].get(field, {}) if field else {}
     return prop.get("description")
 

@@ -23,6 +23,7 @@ PIPELINE = Pipeline(
                 "required_columns": [columns.PENGUIN_LABEL],
                 "numeric_columns": list(columns.PENGUIN_NUMERIC),
                 "skip_bad_rows": p["skip_bad_rows"],
+                "encoding": p["encoding"],
             },
         ),
         Node(

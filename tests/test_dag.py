@@ -26,7 +26,7 @@ def test_dagbag_imports_the_penguin_dag(airflow_db):
     outlets = dag.task_dict["Trainer"].outlets
     assert [a.name for a in outlets] == ["penguin.model"]
     form = dag.params.dump()
-    assert set(form) == {"data_path", "epochs", "batch_size", "learning_rate", "strategy", "skip_bad_rows",
+    assert set(form) == {"data_path", "epochs", "batch_size", "learning_rate", "strategy", "skip_bad_rows", "encoding",
                          "num_workers", "num_ps", "gradient_accumulation_steps", "launcher", "remat", "seed"}
     schemas = {name: dag.params.get_param(name).schema for name in form}
     assert all(s["title"] for s in schemas.values()), "every field has a title"

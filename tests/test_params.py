@@ -23,6 +23,7 @@ def test_defaults_fill_in_and_validate(penguin_csv):
         ({"strategy": "magic"}, "'strategy': 'magic' is not one of"),
         ({"learning_rate": 0}, "'learning_rate': 0 is less than or equal to the minimum of 0"),
         ({"batch_sise": 3}, "Additional properties are not allowed"),
+        ({"encoding": "latin-9000"}, "'encoding': unknown text encoding 'latin-9000'"),
     ],
 )
 def test_invalid_values_name_the_field(bad, message):

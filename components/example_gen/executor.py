@@ -69,9 +69,9 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     buckets = [params["splits"][name] for name in split_names]
 
     if params["input_format"] == "csv":
-        header = sources.read_csv_header(files[0])
+        header = sources.read_csv_header(files[0], params["encoding"])
         for other in files[1:]:
-            other_header = sources.read_csv_header(other)
+            other_header = sources.read_csv_header(other, params["encoding"])
             if other_header != header:
                 glob_hint = f"; a glob such as {os.path.join(source, '*.csv')} picks the parts alone" \
                     if os.path.isdir(source) else ""
@@ -91,7 +91,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         file_list = pipeline | "ListFiles" >> beam.Create(files)
         if params["input_format"] == "csv":
             rows = file_list | "ReadCsv" >> beam.ParDo(
-                sources.ReadCsvRows(header, params["na_values"], params["skip_bad_rows"], required, numeric)
+                sources.ReadCsvRows(header, params["na_values"], params["skip_bad_rows"], required, numeric,
+                                    params["encoding"])
             )
             kinds = rows | "InferColumnKinds" >> beam.CombineGlobally(sources.ColumnKinds(header))
             records = rows | "ToExample" >> beam.Map(sources.csv_row_to_example, kinds=beam.pvalue.AsSingleton(kinds))

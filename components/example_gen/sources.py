@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 import apache_beam as beam
 
 from components.errors import InputDataError, op_error_message
+from components.example_gen.text_encoding import DEFAULT_ENCODING, is_utf8, label, python_codec
 
 NAMESPACE = "hpml.example_gen"
 log = logging.getLogger(NAMESPACE)
@@ -20,9 +21,6 @@ log = logging.getLogger(NAMESPACE)
 # How many skipped rows each reader names in the log; the rest are counted only.
 LOGGED_BAD_ROWS = 5
 
-# UTF-8, with or without the byte-order mark that spreadsheets (Excel's "CSV UTF-8") write first: read
-# as plain UTF-8 it would stick to the first column's name, which then looks right but matches nothing.
-CSV_ENCODING = "utf-8-sig"
 
 # Column kinds, ordered from narrowest to widest; a column takes the widest kind it needs.
 NONE, INT, FLOAT, BYTES = 0, 1, 2, 3
@@ -42,17 +40,18 @@ def expand_inputs(pattern: str) -> list[str]:
     return files
 
 
-def open_csv(path: str):
+def open_csv(path: str, encoding: str = DEFAULT_ENCODING):
     """A CSV file as text, GZIP-compressed (Spark's `.csv.gz` parts) or not: the magic bytes decide. Bytes
-    that are not UTF-8 come through as lone surrogates (see `not_utf8`), so the row holding them can be named
-    and, like any bad row, skipped: a strict decoder fails a whole 8 KB block, at no particular line."""
+    the encoding cannot decode come through as lone surrogates (see `undecodable`), so the row holding them can
+    be named and, like any bad row, skipped: a strict decoder fails a whole 8 KB block, at no particular line."""
     opener = gzip.open if _is_gzip(path) else open
-    return opener(path, "rt", newline="", encoding=CSV_ENCODING, errors="surrogateescape")
+    return opener(path, "rt", newline="", encoding=python_codec(encoding), errors="surrogateescape")
 
 
-def not_utf8(text: str) -> str | None:
-    """Where `text` (read by `open_csv`) holds a byte that is not UTF-8, that byte and what precedes it, e.g.
-    "byte 0xe9 after 'Dr'"; None for proper text. ASCII, by far the common case, costs one C-level check."""
+def undecodable(text: str) -> str | None:
+    """Where `text` (read by `open_csv`) holds a byte its encoding could not decode, that byte and what precedes
+    it, e.g. "byte 0xe9 after 'Dr'"; None for proper text. ASCII, by far the common case, costs one C-level
+    check."""
     if text.isascii():
         return None
     try:
@@ -67,7 +66,18 @@ def not_utf8(text: str) -> str | None:
 # stream.
 _READ_ERRORS = (csv.Error, EOFError, gzip.BadGzipFile, zlib.error)
 
-_NOT_UTF8_HINT = "save the file as UTF-8 CSV"
+
+def _file_not_decodable_hint(encoding: str) -> str:
+    """For a whole file (its header) in another encoding: name the parameter that reads it as it is."""
+    other = " (often latin-1 or cp1252, from older spreadsheets)" if is_utf8(encoding) else ""
+    return f"set encoding to the file's own{other}, or save the file as UTF-8 CSV"
+
+
+def _row_not_decodable_hint(encoding: str) -> str:
+    """For a row: the whole file may be in another encoding under an ASCII header, or it mixes encodings."""
+    if is_utf8(encoding):
+        return "set encoding if the whole file is in another one (often latin-1 or cp1252), or save it as UTF-8 CSV"
+    return f"check that the whole file is {encoding} text"
 
 
 def _unreadable(path: str, line: int, err: Exception) -> InputDataError:
@@ -77,27 +87,30 @@ def _unreadable(path: str, line: int, err: Exception) -> InputDataError:
     return InputDataError(f"{path}: corrupted GZIP data after line {line} ({err})")
 
 
-def read_csv_header(path: str) -> list[str]:
+def read_csv_header(path: str, encoding: str = DEFAULT_ENCODING) -> list[str]:
     """The header row, checked before any Beam work so an empty or unreadable file fails fast."""
     if looks_like_tfrecord(path):
         raise InputDataError(f"{path}: a TFRecord file, not CSV",
                              hint="ExampleGen reads TFRecord files with input_format='tfrecord'")
-    with open_csv(path) as handle:
+    with open_csv(path, encoding) as handle:
         reader = csv.reader(handle)
         try:
-            return _check_header(path, reader)
+            return _check_header(path, reader, encoding)
         except _READ_ERRORS as err:
             raise _unreadable(path, reader.line_num, err) from None
+        except UnicodeError as err:  # a decoder that fails outright, e.g. UTF-16 without a byte-order mark
+            raise InputDataError(f"{path}: not {label(encoding)} text ({err})",
+                                 hint=_file_not_decodable_hint(encoding)) from None
 
 
-def _check_header(path: str, reader) -> list[str]:
+def _check_header(path: str, reader, encoding: str) -> list[str]:
     header = next(reader, None)
     if not header or not any(h.strip() for h in header):
         raise InputDataError(f"{path}: the file is empty (no header row)")
-    bad_bytes = not_utf8(",".join(header))
+    bad_bytes = undecodable(",".join(header))
     if bad_bytes:  # the whole file, most likely: UTF-16 ("Unicode text") or Latin-1
-        raise InputDataError(f"{path}:{reader.line_num}: the header is not UTF-8 text ({bad_bytes})",
-                             hint=_NOT_UTF8_HINT)
+        raise InputDataError(f"{path}:{reader.line_num}: the header is not {label(encoding)} text ({bad_bytes})",
+                             hint=_file_not_decodable_hint(encoding))
     names = [h.strip() for h in header]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -161,13 +174,15 @@ def _kind_of(text: str) -> int:
 
 
 class ReadCsvRows(beam.DoFn):
-    """Yields (file, line, {column: text or None}); a row of the wrong width, with bytes that are not UTF-8,
-    without a value in a required column, or with a non-number or an infinity in a numeric column, is an
-    error or is skipped and counted."""
+    """Yields (file, line, {column: text or None}); a row of the wrong width, with bytes its encoding cannot
+    decode, without a value in a required column, or with a non-number or an infinity in a numeric column, is
+    an error or is skipped and counted."""
 
     def __init__(self, header: Sequence[str], na_values: Sequence[str], skip_bad_rows: bool,
-                 required_columns: Sequence[str] = (), numeric_columns: Sequence[str] = ()):
+                 required_columns: Sequence[str] = (), numeric_columns: Sequence[str] = (),
+                 encoding: str = DEFAULT_ENCODING):
         self._header = list(header)
+        self._encoding = encoding
         self._na = set(na_values)
         self._skip = skip_bad_rows
         self._required = list(required_columns)
@@ -185,13 +200,12 @@ class ReadCsvRows(beam.DoFn):
             return None
         return value
 
-    @staticmethod
-    def _not_utf8(values: dict) -> str | None:
-        """The first cell holding bytes that are not UTF-8, as a problem; None when there is none."""
+    def _undecodable(self, values: dict) -> str | None:
+        """The first cell holding bytes the encoding cannot decode, as a problem; None when there is none."""
         for name, value in values.items():
-            bad_bytes = value is not None and not_utf8(value)
+            bad_bytes = value is not None and undecodable(value)
             if bad_bytes:
-                return f"column {name!r} is not UTF-8 text ({bad_bytes})"
+                return f"column {name!r} is not {label(self._encoding)} text ({bad_bytes})"
         return None
 
     def _problem(self, fields: list[str], values: dict) -> str | None:
@@ -210,7 +224,7 @@ class ReadCsvRows(beam.DoFn):
         return None
 
     def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
-        with open_csv(path) as handle:
+        with open_csv(path, self._encoding) as handle:
             reader = csv.reader(handle)
             try:
                 next(reader)  # header, validated up front
@@ -219,17 +233,21 @@ class ReadCsvRows(beam.DoFn):
                     if not fields:
                         continue  # a blank line
                     values = {name: self._cell(name, value) for name, value in zip(self._header, fields)}
-                    bad_bytes = None if "".join(fields).isascii() else self._not_utf8(values)  # ASCII: 0.13 µs
+                    bad_bytes = None if "".join(fields).isascii() else self._undecodable(values)  # ASCII: 0.13 µs
                     problem = bad_bytes or self._problem(fields, values)
                     if problem is not None:
                         if self._skip:
                             self._skipped.skip(f"{path}:{line}", problem)
                             continue
-                        fix = _NOT_UTF8_HINT if bad_bytes else "fix the row"
+                        fix = _row_not_decodable_hint(self._encoding) if bad_bytes else "fix the row"
                         raise InputDataError(f"{path}:{line}: {problem}", hint=f"{fix}, or set skip_bad_rows=true")
                     yield path, line, values
             except _READ_ERRORS as err:
                 raise _unreadable(path, reader.line_num, err) from None
+            except UnicodeError as err:  # a decoder that fails outright, e.g. UTF-16 cut short
+                raise InputDataError(
+                    f"{path}: not {label(self._encoding)} text after line {reader.line_num} ({err})",
+                    hint=_file_not_decodable_hint(self._encoding)) from None
 
 
 class ColumnKinds(beam.CombineFn):

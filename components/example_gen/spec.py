@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from components import artifacts
+from components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding
 from components.spec import ComponentSpec, Parameter
 
 
@@ -29,6 +30,9 @@ EXAMPLE_GEN = ComponentSpec(
                                        help="hash this feature instead of the whole example"),
         "skip_bad_rows": Parameter(bool, False, help="skip and count malformed rows instead of failing"),
         "na_values": Parameter(list, ["", "NA"], help="CSV cell values that mean missing"),
+        "encoding": Parameter(str, DEFAULT_ENCODING, check=check_encoding,
+                              help="the CSV files' text encoding, e.g. latin-1 or cp1252; UTF-8 may start with a "
+                                   "byte-order mark"),
         "required_columns": Parameter(list, [], help="columns that every row must hold a value in, e.g. the "
                                                      "label: a row without one is a bad row"),
         "numeric_columns": Parameter(list, [], help="columns (or features) that must hold numbers: a value that "
