@@ -38,7 +38,7 @@ class GradientAccumulationModel(tf_keras.Model):
         batch = tf.shape(tf.nest.flatten(x)[0])[0]
         variables = self.trainable_variables
         summed = [tf.zeros_like(v) for v in variables]
-        # k is static: the loop unrolls into one graph, no conditional update
+        # k is static: the loop unrolls into one graph, and the one optimizer update below is unconditional
         for start, stop in micro_batch_bounds(batch, self.accumulation_steps):
             x_i, y_i = _micro_batch(x, start, stop), _micro_batch(y, start, stop)
             w_i = _micro_batch(sample_weight, start, stop)
