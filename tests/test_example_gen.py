@@ -97,6 +97,39 @@ def test_missing_values_leave_the_feature_out_and_schema_marks_it_optional(tmp_p
     assert sum("sex" not in e.features.feature for e in examples) == 11
 
 
+def test_a_column_with_no_value_in_any_row_is_named_and_disabled_in_the_schema(tmp_path, caplog):
+    """An all-empty column used to vanish from the schema, so Transform said "feature 'island' is not in the
+    schema" of a column the CSV plainly has. It is now a DISABLED feature (which tf.Transform skips), and the
+    log and the result name it."""
+    from tensorflow_metadata.proto.v0 import schema_pb2
+    from tensorflow_transform.tf_metadata import schema_utils
+
+    rows = [",".join(cell if i != 1 else "NA" for i, cell in enumerate(row.split(","))) for row in _rows(30)]
+    csv = write_csv(tmp_path / "no_island.csv", HEADER, rows)
+    with caplog.at_level("WARNING", logger="hpml.example_gen"):
+        props, out = _run(tmp_path, {"input_path": csv}, "no_island")
+    assert props["empty_columns"] == ["island"]
+    assert any("column(s) island hold no value in any row" in r.getMessage() for r in caplog.records)
+    schema = read_schema(os.path.join(out["schema"], "schema.pbtxt"))
+    features = {f.name: f for f in schema.feature}
+    assert sorted(features) == ["bill_length_mm", "island", "species", "year"]
+    assert features["island"].lifecycle_stage == schema_pb2.DISABLED
+    assert sorted(schema_utils.schema_as_feature_spec(schema).feature_spec) == ["bill_length_mm", "species", "year"]
+    assert all("island" not in e.features.feature for e in _read(out["examples"] + "/Split-*/*.gz"))
+    full, _ = _run(tmp_path, {"input_path": write_csv(tmp_path / "full.csv", HEADER, _rows(30))}, "full")
+    assert full["empty_columns"] == []
+    # A schema the data must match that names the empty column says so, rather than "not in the data".
+    expected = tmp_path / "expected.pbtxt"
+    write_schema(read_schema(os.path.join(out["schema"], "schema.pbtxt")), str(expected))
+    named = read_schema(str(expected))
+    features = {f.name: f for f in named.feature}
+    features["island"].lifecycle_stage = schema_pb2.UNKNOWN_STAGE
+    features["island"].ClearField("annotation")
+    write_schema(named, str(expected))
+    with pytest.raises(InputDataError, match=r"schema field 'island' is a column with no value in any row$"):
+        _run(tmp_path, {"input_path": csv, "schema_path": str(expected)}, "expected")
+
+
 def test_malformed_row_names_file_and_line(tmp_path):
     rows = _rows(10)
     rows[4] = "Adelie,Dream,1.0,2007,EXTRA"

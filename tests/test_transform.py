@@ -61,6 +61,23 @@ def test_missing_feature_fails_before_any_beam_work(penguin_outputs, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_required_feature_whose_column_is_empty_is_named_as_such(tmp_path, penguin_csv):
+    """The column is in the CSV but holds no value in any row: say that, not "not in the schema"."""
+    from components.example_gen import EXAMPLE_GEN
+
+    lines = open(penguin_csv, encoding="utf-8").read().splitlines()
+    sex = lines[0].split(",").index("sex")
+    blanked = [",".join("" if i == sex else cell for i, cell in enumerate(line.split(","))) for line in lines[1:]]
+    data = tmp_path / "no_sex.csv"
+    data.write_text("\n".join([lines[0], *blanked]) + "\n", encoding="utf-8")
+    gen = {k: str(tmp_path / "gen" / k) for k in ("examples", "schema")}
+    EXAMPLE_GEN.run({}, gen, {"input_path": str(data)})
+    outputs = {k: str(tmp_path / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with pytest.raises(InputDataError, match=r"feature 'sex' is a column with no value in any row of the input$"):
+        TRANSFORM.run(gen, outputs, {"module": "pipelines.penguin_module", "required_features": ["species", "sex"]})
+    assert sorted(os.listdir(tmp_path)) == ["gen", "no_sex.csv"], "nothing written before the refusal"
+
+
 USER_MODULE = '''import tensorflow_transform as tft
 
 

@@ -42,11 +42,14 @@ class _SplitByHash:
         return next(i for i, bound in enumerate(self._bounds) if bucket < bound)
 
 
-def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: list[str], source: str):
+def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: list[str], source: str,
+                   columns: list[str] | None):
     if stats["_n"] == 0:
         return
     inferred = schema_inference.schema_from_stats(stats)
     present = {f.name for f in inferred.feature}
+    if columns is not None:
+        schema_inference.add_empty_columns(inferred, columns)
     for name in required:
         if name not in present:
             raise InputDataError(
@@ -106,8 +109,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             | "Serialized" >> beam.Map(lambda r: r[2])
             | "FeatureStats" >> beam.CombineGlobally(schema_inference.FeatureStats())
             | "WriteSchema" >> beam.Map(
-                _finish_schema, schema_dir, params["schema_path"], required, source
-            )
+                _finish_schema, schema_dir, params["schema_path"], required, source,
+                header if params["input_format"] == "csv" else None)
         )
         parts = records | "SplitByHash" >> beam.Partition(
             _SplitByHash(buckets, params["partition_feature"]), len(split_names)
@@ -140,7 +143,12 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 f"{source}: split(s) {', '.join(empty)} got no examples from {sum(counts.values())} rows",
                 hint="use more data or change the split buckets",
             )
+    empty = [f.name for f in schema_inference.read_schema(artifacts.schema_path(outputs["schema"])).feature
+             if schema_inference.is_empty_column(f)]
+    if empty:
+        sources.log.warning("ExampleGen: column(s) %s hold no value in any row; the schema names them as DISABLED "
+                            "features, which tf.Transform and TFX's readers skip", ", ".join(empty))
     if bad_rows:
         sources.log.warning("ExampleGen skipped %d bad row(s) of %d (skip_bad_rows=true); the log above names the "
                             "first", bad_rows, bad_rows + sum(counts.values()))
-    return {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files)}
+    return {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files), "empty_columns": empty}

@@ -81,11 +81,35 @@ def schema_from_stats(stats: dict) -> schema_pb2.Schema:
     return schema
 
 
+# The comment on a feature that `add_empty_columns` disables.
+EMPTY_COLUMN = "no value in any row of the input"
+
+
+def add_empty_columns(schema: schema_pb2.Schema, columns) -> list[str]:
+    """Adds each input column that held no value in any row as a DISABLED feature, so the schema still names it
+    (TFX's readers and tf.Transform skip DISABLED features) and a later "feature 'sex' is not in the schema"
+    can say why. Returns their names."""
+    present = {f.name for f in schema.feature}
+    empty = [name for name in columns if name not in present]
+    for name in empty:
+        feature = schema.feature.add(name=name, type=schema_pb2.BYTES, lifecycle_stage=schema_pb2.DISABLED)
+        feature.annotation.comment.append(EMPTY_COLUMN)
+    return empty
+
+
+def is_empty_column(feature: schema_pb2.Feature) -> bool:
+    return feature.lifecycle_stage == schema_pb2.DISABLED and EMPTY_COLUMN in feature.annotation.comment
+
+
 def check_against(expected: schema_pb2.Schema, inferred: schema_pb2.Schema, source: str) -> None:
     """Every feature the expected schema names must exist in the data with the same type."""
-    found = {f.name: f for f in inferred.feature}
+    found = {f.name: f for f in inferred.feature if not is_empty_column(f)}
+    empty = {f.name for f in inferred.feature if is_empty_column(f)}
     for feature in expected.feature:
         actual = found.get(feature.name)
+        if feature.name in empty:
+            raise InputDataError(f"{source}: schema field {feature.name!r} is a column with no value in any row",
+                                 hint="check the export that wrote the data")
         if actual is None:
             raise InputDataError(
                 f"{source}: schema field {feature.name!r} is not in the data",

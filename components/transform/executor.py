@@ -15,14 +15,19 @@ from tensorflow_metadata.proto.v0 import schema_pb2
 from components import artifacts
 from components.beam_utils import make_pipeline, run_pipeline
 from components.errors import InputDataError, SpecError
-from components.example_gen.schema_inference import read_schema
+from components.example_gen.schema_inference import is_empty_column, read_schema
 from components.transform import tuning
 from components.user_module import failing_line, load_function
 
 
 def _check_required_features(schema, required: list[str], where: str) -> None:
-    names = {f.name for f in schema.feature}
+    names = {f.name for f in schema.feature if not is_empty_column(f)}
+    empty = {f.name for f in schema.feature if is_empty_column(f)}
     for name in required:
+        if name in empty:
+            raise InputDataError(f"{where}: feature {name!r} is a column with no value in any row of the input",
+                                 hint="check the export that wrote the data; ExampleGen's log names every such "
+                                      "column")
         if name not in names:
             raise InputDataError(
                 f"{where}: feature {name!r} is not in the schema",
@@ -37,7 +42,8 @@ def _guarded(preprocessing_fn, schema):
     """`preprocessing_fn`, with a mistake in it (a feature the data lacks, an analyzer given the wrong type)
     reported as a SpecError naming the line of the user's file and listing the raw features. tf.Transform
     traces the function while the Beam pipeline is built, so the error would otherwise surface bare."""
-    features = ", ".join(f"{f.name} ({_TYPE_NAMES.get(f.type, 'unknown')})" for f in schema.feature)
+    features = ", ".join(f"{f.name} ({_TYPE_NAMES.get(f.type, 'unknown')})" for f in schema.feature
+                         if not is_empty_column(f))
     hint = f"the raw features are: {features}"
 
     @functools.wraps(preprocessing_fn)
