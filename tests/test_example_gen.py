@@ -479,6 +479,21 @@ def test_nan_in_a_numeric_column_is_missing_and_infinity_is_a_bad_row(tmp_path):
         _run(tmp_path, {"input_path": inf, "numeric_columns": ["bill_length_mm"]}, "inf")
 
 
+def test_nan_is_missing_in_any_column_read_as_numbers(tmp_path):
+    """Declared numeric or not: 'year' is not in numeric_columns here, and its NaN cells used to become NaN
+    values, which turn tf.Transform's mean of the column into NaN."""
+    rows = _rows(30)
+    rows[5], rows[6] = "Adelie,Dream,31.0,NaN", "Adelie,Dream,31.0,nan"
+    csv = write_csv(tmp_path / "nan_year.csv", HEADER, rows)
+    _, out = _run(tmp_path, {"input_path": csv}, "nan_year")
+    examples = _read(out["examples"] + "/Split-*/*.gz")
+    assert len(examples) == 30 and sum("year" not in e.features.feature for e in examples) == 2
+    years = [v for e in examples for v in e.features.feature["year"].float_list.value]
+    assert len(years) == 28 and all(v == v for v in years), "no NaN may reach the examples"
+    schema = {f.name: f for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature}
+    assert not schema["year"].HasField("shape"), "two rows lack a year, so it is a VarLen feature"
+
+
 def test_only_plain_ascii_numbers_make_a_numeric_column(tmp_path):
     """Python's int() and float() also read '2023_01' as 202301 and Arabic-Indic digits as numbers: a column of
     period codes became integers that no longer said which month they were."""

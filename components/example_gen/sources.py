@@ -278,7 +278,9 @@ class ColumnKinds(beam.CombineFn):
 
 
 def csv_row_to_example(row, kinds: dict) -> tuple[str, int, bytes]:
-    """A typed tf.Example; a missing value leaves its feature out, as TFX's CSV decoder does."""
+    """A typed tf.Example; a missing value leaves its feature out, as TFX's CSV decoder does. In a column read
+    as numbers, NaN is missing too, declared numeric or not: pandas writes a missing number as NaN, and one NaN
+    value turns tf.Transform's mean of the column, and every z-score from it, into NaN."""
     import tensorflow as tf
 
     path, line, values = row
@@ -286,14 +288,15 @@ def csv_row_to_example(row, kinds: dict) -> tuple[str, int, bytes]:
     for name, text in values.items():
         if text is None:
             continue
-        feature = example.features.feature[name]
         kind = kinds[name]
         if kind == INT:
-            feature.int64_list.value.append(int(text))
+            example.features.feature[name].int64_list.value.append(int(text))
         elif kind == FLOAT:
-            feature.float_list.value.append(float(text))
+            number = float(text)
+            if not math.isnan(number):
+                example.features.feature[name].float_list.value.append(number)
         else:
-            feature.bytes_list.value.append(text.encode("utf-8"))
+            example.features.feature[name].bytes_list.value.append(text.encode("utf-8"))
     # Deterministic: map order would otherwise vary per process, and the hash split with it.
     return path, line, example.SerializeToString(deterministic=True)
 
