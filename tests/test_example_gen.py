@@ -128,6 +128,12 @@ def test_a_column_with_no_value_in_any_row_is_named_and_disabled_in_the_schema(t
     write_schema(named, str(expected))
     with pytest.raises(InputDataError, match=r"schema field 'island' is a column with no value in any row$"):
         _run(tmp_path, {"input_path": csv, "schema_path": str(expected)}, "expected")
+    # One that does not name it is matched, and the column is still named, as in an inferred schema.
+    del named.feature[[f.name for f in named.feature].index("island")]
+    write_schema(named, str(expected))
+    props, out = _run(tmp_path, {"input_path": csv, "schema_path": str(expected)}, "expected_without")
+    assert props["empty_columns"] == ["island"]
+    assert read_schema(os.path.join(out["schema"], "schema.pbtxt")) == schema
 
 
 def test_malformed_row_names_file_and_line(tmp_path):

@@ -48,8 +48,7 @@ def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: 
         return
     inferred = schema_inference.schema_from_stats(stats)
     present = {f.name for f in inferred.feature}
-    if columns is not None:
-        schema_inference.add_empty_columns(inferred, columns)
+    empty = schema_inference.add_empty_columns(inferred, columns) if columns is not None else []
     for name in required:
         if name not in present:
             raise InputDataError(
@@ -60,6 +59,7 @@ def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: 
     if expected_path:
         schema = schema_inference.read_schema(expected_path)
         schema_inference.check_against(schema, inferred, source)
+        schema_inference.add_empty_columns(schema, empty)  # those it does not name: it would have refused those
     schema_inference.write_schema(schema, artifacts.schema_path(schema_dir))
 
 
