@@ -59,7 +59,7 @@ def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: 
     if expected_path:
         schema = schema_inference.read_schema(expected_path)
         schema_inference.check_against(schema, inferred, source)
-        schema_inference.add_empty_columns(schema, empty)  # those it does not name: it would have refused those
+        schema_inference.add_empty_columns(schema, empty)  # those it does not name; it refused any it names
     schema_inference.write_schema(schema, artifacts.schema_path(schema_dir))
 
 
@@ -143,12 +143,13 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 f"{source}: split(s) {', '.join(empty)} got no examples from {sum(counts.values())} rows",
                 hint="use more data or change the split buckets",
             )
-    empty = [f.name for f in schema_inference.read_schema(artifacts.schema_path(outputs["schema"])).feature
-             if schema_inference.is_empty_column(f)]
-    if empty:
+    empty_columns = [f.name for f in schema_inference.read_schema(artifacts.schema_path(outputs["schema"])).feature
+                     if schema_inference.is_empty_column(f)]
+    if empty_columns:
         sources.log.warning("ExampleGen: column(s) %s hold no value in any row; the schema names them as DISABLED "
-                            "features, which tf.Transform and TFX's readers skip", ", ".join(empty))
+                            "features, which tf.Transform and TFX's readers skip", ", ".join(empty_columns))
     if bad_rows:
         sources.log.warning("ExampleGen skipped %d bad row(s) of %d (skip_bad_rows=true); the log above names the "
                             "first", bad_rows, bad_rows + sum(counts.values()))
-    return {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files), "empty_columns": empty}
+    return {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files),
+            "empty_columns": empty_columns}
