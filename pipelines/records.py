@@ -18,6 +18,7 @@ from pipelines.paths import hpml_home
 
 ARTIFACT_TAG = "artifact."
 DURATION_METRIC = "duration_s."
+EMPTY_COLUMNS_TAG = "hpml.empty_columns"
 SHORT_ID = 8  # how many characters of a run id `hpml runs` shows; any unique prefix of 4 or more resolves
 
 
@@ -107,6 +108,8 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
         if _finite(value):
             metrics.append(Metric(f"eval_{key}", float(value), now, 0))
     tags = [RunTag(f"{ARTIFACT_TAG}{node_id}.{name}", uri) for name, uri in outputs.items()]
+    if properties.get("empty_columns"):  # input columns with no value in any row (ExampleGen)
+        tags.append(RunTag(EMPTY_COLUMNS_TAG, ", ".join(properties["empty_columns"])))
     plan = properties.get("plan")
     if plan:
         tags += [RunTag("hpml.strategy", plan["strategy"]), RunTag("hpml.plan", "; ".join(plan["reasons"]))]
@@ -191,6 +194,7 @@ class RunSummary:
     examples: dict[str, int] = field(default_factory=dict)  # per split, as ExampleGen wrote them
     bad_rows: int = 0  # input rows skip_bad_rows dropped
     input_files: int = 0
+    empty_columns: list[str] = field(default_factory=list)  # input columns with no value in any row
 
 
 def load(mlflow_run_id: str) -> RunSummary:
@@ -215,6 +219,7 @@ def load(mlflow_run_id: str) -> RunSummary:
                              key=lambda kv: (kv[0] != "train", kv[0] != "eval", kv[0]))),
         bad_rows=int(metrics.get("bad_rows", 0)),
         input_files=int(metrics.get("input_files", 0)),
+        empty_columns=tags[EMPTY_COLUMNS_TAG].split(", ") if tags.get(EMPTY_COLUMNS_TAG) else [],
     )
 
 

@@ -124,7 +124,8 @@ def collect(mlflow_run_id: str) -> dict:
     return {
         "run_name": summary.run_name, "mlflow_run_id": mlflow_run_id, "status": summary.status,
         "pipeline": summary.tags.get("hpml.pipeline", ""), "params": dict(sorted(summary.params.items())),
-        "data": {"examples": summary.examples, "bad_rows": summary.bad_rows, "input_files": summary.input_files},
+        "data": {"examples": summary.examples, "bad_rows": summary.bad_rows, "input_files": summary.input_files,
+                 "empty_columns": summary.empty_columns},
         "eval_metrics": summary.eval_metrics, "durations": durations, "series": series,
         "plan": _read_json(os.path.join(run_dir, "plan.json")) if run_dir else None,
         "gpipe": _read_json(os.path.join(run_dir, "gpipe.json")) if run_dir else None,
@@ -161,13 +162,17 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;colo
 
 
 def _data_section(data: dict) -> str:
-    """What ExampleGen made of the input: examples per split, and the rows skip_bad_rows dropped."""
+    """What ExampleGen made of the input: examples per split, the rows skip_bad_rows dropped, and the columns
+    that held no value in any row."""
     files = data["input_files"]
     text = (f"{sum(data['examples'].values())} examples" + (f" from {files} file{'s' if files != 1 else ''}"
                                                             if files else "")
             + ": " + ", ".join(f"{html.escape(split)} {n}" for split, n in data["examples"].items()))
     if data["bad_rows"]:
         text += f"; <b>{data['bad_rows']} bad rows skipped</b> (the ExampleGen log names the first)"
+    if data.get("empty_columns"):
+        names = ", ".join(html.escape(name) for name in data["empty_columns"])
+        text += f"; <b>no value in any row: {names}</b> (disabled in the schema)"
     return f"<h2>Data</h2><p>{text}.</p>"
 
 

@@ -20,7 +20,9 @@ def print_summary(summary: records.RunSummary, console: Console | None = None) -
     console.print(f"artifacts: {summary.tags.get('hpml.run_dir', '?')}", soft_wrap=True)
     if summary.examples:
         console.print("examples: " + " ".join(f"{split}={n}" for split, n in summary.examples.items())
-                      + (f"; {summary.bad_rows} bad rows skipped" if summary.bad_rows else ""), highlight=False)
+                      + (f"; {summary.bad_rows} bad rows skipped" if summary.bad_rows else "")
+                      + (f"; no value in any row: {', '.join(summary.empty_columns)}" if summary.empty_columns else ""),
+                      highlight=False)
     if summary.eval_metrics:
         console.print("eval: " + "  ".join(f"{k}={v:.4f}" for k, v in sorted(summary.eval_metrics.items())))
     console.print(f"run record: MLflow run {summary.mlflow_run_id} at {records.tracking_uri()}", soft_wrap=True)

@@ -45,6 +45,31 @@ def test_trainer_properties_become_run_record_fields(tmp_path):
     assert logged == {"Trainer/model_run/plan.json"}
 
 
+def test_empty_input_columns_reach_the_run_record_summary_and_report():
+    """ExampleGen's empty_columns: a run that goes on without such a column still says so where people look."""
+    from rich.console import Console
+
+    from pipelines import report
+    from pipelines.summary import print_summary
+
+    run_id = records.start("record_test", "run-empty", {"epochs": 1}, {})
+    properties = {"split_counts": {"train": 20, "eval": 10}, "bad_rows": 0, "input_files": 1,
+                  "empty_columns": ["sex", "comment"]}
+    records.log_node(run_id, "ExampleGen", {"examples": "/tmp/x"}, properties, seconds=1.0)
+    records.finish(run_id)
+    summary = records.load(run_id)
+    assert summary.empty_columns == ["sex", "comment"]
+    console = Console(record=True, width=200)
+    print_summary(summary, console)
+    assert "examples: train=20 eval=10; no value in any row: sex, comment" in console.export_text()
+    page = report.render(report.collect(run_id), {})
+    assert "<b>no value in any row: sex, comment</b> (disabled in the schema)" in page
+    plain = records.start("record_test", "run-full", {"epochs": 1}, {})
+    records.log_node(plain, "ExampleGen", {}, {**properties, "empty_columns": []}, seconds=1.0)
+    assert records.load(plain).empty_columns == [] and "no value in any row" not in report.render(
+        report.collect(plain), {})
+
+
 def test_resolve_takes_a_run_id_a_unique_prefix_of_one_or_a_run_name():
     name = f"it's \"quoted\" {uuid.uuid4().hex[:8]} 100% \\"
     run_id = records.start("resolve_test", name, {}, {})
