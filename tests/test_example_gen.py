@@ -432,8 +432,8 @@ def test_a_row_that_is_not_utf8_is_a_bad_row_named_by_line_and_column(tmp_path):
 
 
 def test_a_file_in_another_encoding_is_read_with_the_encoding_parameter(tmp_path):
-    """Latin-1 and Windows-1252 exports failed at their header, or, under skip_bad_rows, lost every row with
-    an accent; with `encoding` they are read as written, and the examples hold UTF-8 as TFX's do."""
+    """Latin-1 and Windows-1252 exports failed at their first accented row, or, under skip_bad_rows, lost every
+    such row; with `encoding` they are read as written, and the examples hold UTF-8 as TFX's do."""
     rows = _rows(60)
     rows[7], rows[20] = "Adelie,Dr\xe9am,31.0,2007", "Gentoo,Biscoe \u2013 north,40.5,2008"
     text = "\n".join([HEADER] + rows) + "\n"
