@@ -208,6 +208,12 @@ def test_vertex_worker_pools_are_valid_protos():
     assert mwms.worker_pool_specs[1].machine_spec.accelerator_type.name == "NVIDIA_TESLA_T4"
 
 
+def test_vertex_restarts_a_whole_job_only_under_mwms_and_ends_it_at_the_wait_limit():
+    assert vertex.scheduling(MWMS, 3600.0) == {"timeout": 3600, "restart_job_on_worker_restart": True}
+    assert vertex.scheduling(PSS, 2.5) == {"timeout": 3, "restart_job_on_worker_restart": False}, \
+        "the coordinator takes a restarted PS worker back; Vertex counts whole seconds, never fewer than asked"
+
+
 def test_vertex_waits_through_what_the_client_gives_up_retrying_but_not_a_missing_job():
     from google.api_core import exceptions
 

@@ -272,6 +272,8 @@ def test_trainer_runs_multi_worker_training_as_a_vertex_custom_job(penguin_outpu
     assert pools[0]["containerSpec"]["imageUri"] == IMAGE
     assert pools[0]["machineSpec"] == {"machineType": "n1-standard-8"}, "no accelerator asked for, none requested"
     assert sorted(job["replicas"][i].name for i in range(2)) == ["workerpool0-0", "workerpool1-0"]
+    # What Vertex itself enforces: its own time limit (the wait's), and MWMS restarting as a whole.
+    assert job["resource"]["jobSpec"]["scheduling"] == {"timeout": "86400s", "restartJobOnWorkerRestart": True}
     assert [row["epoch"] for row in props["history"]] == [1, 2]
     assert os.path.isdir(os.path.join(out["model"], "Format-Serving")), "the chief's model is published"
 

@@ -5,6 +5,7 @@ timeout, the Trainer task stopped or interrupted) is cancelled, so it cannot hol
 from __future__ import annotations
 
 import logging
+import math
 
 from components.errors import HpmlError
 from components.trainer.launchers.cluster_job import ClusterJob
@@ -44,6 +45,16 @@ def custom_job_spec(job: ClusterJob, **kwargs):
     from google.cloud.aiplatform.compat.types import custom_job as gca_custom_job
 
     return gca_custom_job.CustomJobSpec(worker_pool_specs=render_worker_pool_specs(job, **kwargs))
+
+
+def scheduling(job: ClusterJob, timeout_s: float) -> dict:
+    """CustomJob.submit's scheduling arguments. Vertex stops the job itself after `timeout_s` of running, so a
+    Trainer killed before it can cancel (SIGKILL, a lost node) cannot leave accelerators held for Vertex's
+    default of 7 days. MultiWorkerMirrored's collectives need the whole group, so a restarted replica restarts
+    the whole job, as the local launcher restarts its cluster (BackupAndRestore resumes it); under
+    parameter_server the coordinator goes on with a restarted worker, so that replica restarts alone."""
+    return {"timeout": max(1, math.ceil(timeout_s)),
+            "restart_job_on_worker_restart": job.strategy == "multi_worker_mirrored"}
 
 
 class CustomJobFailed(HpmlError):
@@ -121,5 +132,5 @@ def run(job: ClusterJob, project: str, location: str, staging_bucket: str, *, ti
                                       worker_pool_specs=render_worker_pool_specs(job, **pool_kwargs))
     state = wait_or_stop_job(f"CustomJob {job.name}", lambda: wait(custom_job, timeout_s, poll_s),
                              lambda: _cancel(custom_job, job.name), job_ended=CustomJobFailed,
-                             submit=custom_job.submit, refused=_refused)
+                             submit=lambda: custom_job.submit(**scheduling(job, timeout_s)), refused=_refused)
     return custom_job.resource_name, state
