@@ -50,6 +50,13 @@ def test_mwms_tfjob_is_valid_and_complete(tfjob_schema):
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError", "wait() quotes the failed worker's log"
     assert manifest["metadata"] == {"name": "penguin-train", "namespace": "ml",
                                     "labels": {"app.kubernetes.io/part-of": "hpml"}}
+    assert "activeDeadlineSeconds" not in manifest["spec"]["runPolicy"], "no deadline unless one is given"
+
+
+def test_a_tfjob_ends_itself_at_the_trainers_wait_limit(tfjob_schema):
+    manifest = k8s.render(PSS, deadline_s=90.5)
+    jsonschema.validate(manifest, tfjob_schema)
+    assert manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] == 91, "whole seconds, never fewer than asked"
 
 
 def test_pss_tfjob_has_chief_workers_and_ps(tfjob_schema):

@@ -51,6 +51,7 @@ def test_trainer_runs_multi_worker_training_as_a_tfjob(penguin_outputs, operator
     container = job["manifest"]["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]
     assert container["image"] == IMAGE and container["command"][:3] == ["python", "-m", "components.trainer.worker"]
     assert sorted(job["cluster"]) == ["chief", "worker"], "the replicas formed the cluster the manifest asked for"
+    assert job["manifest"]["spec"]["runPolicy"]["activeDeadlineSeconds"] == 86400, "the operator's own backstop"
     assert [row["epoch"] for row in props["history"]] == [1, 2]
     # The model the chief wrote on shared storage is the published Model artifact, and it serves.
     serve = tf.saved_model.load(os.path.join(out["model"], "Format-Serving")).signatures["serving_default"]

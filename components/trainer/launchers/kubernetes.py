@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +35,16 @@ REQUEST_TIMEOUT_S = 60  # an API server that stops answering must not hang the T
 JOB_LABEL = "training.kubeflow.org/job-name"  # the operator puts it on every pod of the job
 
 
-def render(job: ClusterJob, namespace: str = "default") -> dict:
-    """The TFJob manifest for `job`, from infra/tfjob.yaml."""
+def render(job: ClusterJob, namespace: str = "default", deadline_s: float | None = None) -> dict:
+    """The TFJob manifest for `job`, from infra/tfjob.yaml. With `deadline_s` (the Trainer's wait) the
+    operator ends the job itself once it has been active that long, so a Trainer killed before it could
+    delete the job (SIGKILL, a lost node) does not leave it holding its pods."""
     manifest = yaml.safe_load(TEMPLATE.read_text(encoding="utf-8"))
     manifest["metadata"]["name"] = job.name
     manifest["metadata"]["namespace"] = namespace
     manifest["spec"]["runPolicy"]["backoffLimit"] = job.max_restarts
+    if deadline_s is not None:
+        manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] = max(1, math.ceil(deadline_s))
     env = [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}] + [
         {"name": k, "value": v} for k, v in sorted(job.env.items())]
     for role, replicas in job.roles().items():
