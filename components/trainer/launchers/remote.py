@@ -108,8 +108,8 @@ def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob) -> dict:
         from components.trainer.launchers import kubernetes as k8s
 
         api = kubernetes_api_client(cluster.kube_context)
-        name, status = k8s.run(k8s.render(job, cluster.namespace, cluster.timeout_seconds), api, timeout_s=cluster.timeout_seconds,
-                               poll_s=cluster.poll_seconds)
+        manifest = k8s.render(job, cluster.namespace, deadline_s=cluster.timeout_seconds)
+        name, status = k8s.run(manifest, api, timeout_s=cluster.timeout_seconds, poll_s=cluster.poll_seconds)
         return {"launcher": "kubernetes", "job": f"{cluster.namespace}/{name}",
                 "replicas": job.roles(), "seconds": time.monotonic() - started,
                 "conditions": [c.get("type") for c in status.get("conditions", [])]}
