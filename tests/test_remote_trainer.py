@@ -61,6 +61,21 @@ def test_trainer_runs_multi_worker_training_as_a_tfjob(penguin_outputs, operator
     assert not os.path.exists(out["model"] + ".work"), "the job's working dir is removed after success"
 
 
+def test_trainer_runs_ps_training_as_a_tfjob(penguin_outputs, operator, tmp_path, tfjob_schema):  # noqa: F811
+    out = _out(tmp_path, "tfjob-ps")
+    props = TRAINER.run(_inputs(penguin_outputs), out, _params(num_workers=1, num_ps=1))
+    assert props["plan"]["strategy"] == "parameter_server"
+    assert props["launch"]["replicas"] == {"chief": 1, "worker": 1, "ps": 1}
+    (job,) = operator.jobs.values()
+    jsonschema.validate(job["manifest"], tfjob_schema)
+    replicas = job["manifest"]["spec"]["tfReplicaSpecs"]
+    assert {k: (v["replicas"], v["restartPolicy"]) for k, v in replicas.items()} == {
+        "Chief": (1, "OnFailure"), "Worker": (1, "OnFailure"), "PS": (1, "Always")}
+    assert sorted(job["cluster"]) == ["chief", "ps", "worker"]
+    assert [row["epoch"] for row in props["history"]] == [1, 2]
+    assert os.path.isdir(os.path.join(out["model"], "Format-Serving")), "the coordinator's model is published"
+
+
 def test_a_failed_tfjob_fails_the_trainer_with_the_replicas_error(penguin_outputs, operator, tmp_path):
     module = tmp_path / "broken_on_cluster.py"
     module.write_text(textwrap.dedent('''
@@ -277,6 +292,19 @@ def test_trainer_runs_multi_worker_training_as_a_vertex_custom_job(penguin_outpu
     assert job["resource"]["jobSpec"]["scheduling"] == {"timeout": "86400s", "restartJobOnWorkerRestart": True}
     assert [row["epoch"] for row in props["history"]] == [1, 2]
     assert os.path.isdir(os.path.join(out["model"], "Format-Serving")), "the chief's model is published"
+
+
+def test_trainer_runs_ps_training_as_a_vertex_custom_job(penguin_outputs, vertex_ai, tmp_path):
+    out = _out(tmp_path, "vertex-ps")
+    props = TRAINER.run(_inputs(penguin_outputs), out, _vertex_params(vertex_ai, num_workers=1, num_ps=1))
+    assert props["plan"]["strategy"] == "parameter_server" and props["launch"]["state"] == "JOB_STATE_SUCCEEDED"
+    (job,) = vertex_ai.jobs.values()
+    spec = job["resource"]["jobSpec"]
+    assert [int(p["replicaCount"]) for p in spec["workerPoolSpecs"]] == [1, 1, 1], "chief, workers, ps"
+    # A restarted PS worker rejoins the coordinator alone: the job is not restarted as a whole.
+    assert spec["scheduling"] == {"timeout": "86400s"}, "restartJobOnWorkerRestart left at Vertex's false"
+    assert [row["epoch"] for row in props["history"]] == [1, 2]
+    assert os.path.isdir(os.path.join(out["model"], "Format-Serving")), "the coordinator's model is published"
 
 
 def test_a_failed_custom_job_fails_the_trainer_with_the_replicas_error(penguin_outputs, vertex_ai, tmp_path):
