@@ -176,7 +176,7 @@ def run_fn(fn_args):
     import tf_keras
 
     from components.input_pipeline.stall import record_input_stall
-    from components.trainer.callbacks import standard_callbacks
+    from components.trainer.callbacks import CoordinatorValidation, standard_callbacks
     from components.trainer.export import export_serving_model
     from components.trainer.strategies import make_strategy
 
@@ -206,8 +206,9 @@ def run_fn(fn_args):
         # The coordinator schedules steps on the workers; each worker makes its own dataset.
         train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(
             fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None))
+        local = build_model(tf_transform_output, hp["learning_rate"])  # evaluates and exports on the coordinator
+        callbacks.insert(0, CoordinatorValidation(local, evaluation, fn_args.eval_steps))
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, callbacks=callbacks, verbose=0)
-        local = build_model(tf_transform_output, hp["learning_rate"])
         local.set_weights([v.numpy() for v in model.weights])
         model = local
     else:
