@@ -111,6 +111,7 @@ def test_parameter_server_training_with_two_workers_and_one_ps(penguin_outputs, 
     assert result["eval_metrics"]["accuracy"] > 0.7
     # Validated every epoch on the whole eval split: the last epoch's figures are the final evaluation's.
     assert all({"val_loss", "val_accuracy"} <= set(row) for row in result["history"]), result["history"]
+    assert all(0 < row["val_seconds"] < row["seconds"] for row in result["history"]), "timed apart from training"
     assert result["history"][-1]["val_loss"] == pytest.approx(result["eval_metrics"]["loss"], rel=1e-6)
     assert result["history"][-1]["val_accuracy"] == pytest.approx(result["eval_metrics"]["accuracy"], rel=1e-6)
     assert os.path.isfile(os.path.join(outputs["model"], "Format-Serving", "saved_model.pb"))

@@ -15,7 +15,13 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class EpochMetricsLogger(tf_keras.callbacks.Callback):
-    """Writes one JSON line and one plain log line per epoch: loss, metrics, examples/s, step time, ETA."""
+    """Writes one JSON line and one plain log line per epoch: loss, metrics, examples/s, step time, ETA.
+
+    Throughput and step time are of training alone: validation is timed apart as val_seconds and left
+    out, whether it is fit's own (from on_test_begin to on_test_end) or CoordinatorValidation's (which
+    puts its time in the logs; the end-of-epoch callbacks before this one, such as a backup, then count
+    as training). `seconds` is the whole epoch, callbacks included.
+    """
 
     def __init__(self, out_dir: str, batch_size: int, total_epochs: int):
         super().__init__()
@@ -32,21 +38,37 @@ class EpochMetricsLogger(tf_keras.callbacks.Callback):
         self._epoch_start = time.perf_counter()
         self._started = self._started or self._epoch_start
         self._first_step = self._iterations()
+        self._validation = None  # fit's validation: [start, end]
+
+    def on_test_begin(self, logs=None):  # the epoch's training is over
+        if self._validation is None:
+            self._validation = [time.perf_counter()] * 2
+
+    def on_test_end(self, logs=None):
+        if self._validation is not None:
+            self._validation[1] = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = time.perf_counter() - self._epoch_start
+        now = time.perf_counter()
+        seconds = now - self._epoch_start
         steps = max(self._iterations() - self._first_step, 1)
         record = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float)) or hasattr(v, "__float__")}
+        if self._validation is not None:
+            record["val_seconds"] = self._validation[1] - self._validation[0]
+            train_seconds = self._validation[0] - self._epoch_start
+        else:
+            train_seconds = seconds - record.get("val_seconds", 0.0)
         record.update(
             epoch=epoch + 1,
             seconds=seconds,
-            step_time_ms=1000.0 * seconds / steps,
-            examples_per_sec=steps * self._batch_size / seconds if seconds > 0 else math.nan,
+            step_time_ms=1000.0 * train_seconds / steps,
+            examples_per_sec=steps * self._batch_size / train_seconds if train_seconds > 0 else math.nan,
         )
         with open(self._path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         eta = (time.perf_counter() - self._started) / (epoch + 1) * (self._total - epoch - 1)
-        shown = " ".join(f"{k}={v:.4f}" for k, v in sorted(record.items()) if k not in ("epoch", "seconds"))
+        shown = " ".join(f"{k}={v:.4f}" for k, v in sorted(record.items())
+                         if k not in ("epoch", "seconds", "val_seconds"))
         log.info("epoch %d/%d %s eta=%.1fs", epoch + 1, self._total, shown, eta)
 
 
@@ -69,12 +91,14 @@ class CoordinatorValidation(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         from concurrent.futures import ThreadPoolExecutor
 
+        started = time.perf_counter()
         self._local.set_weights([v.numpy() for v in self.model.weights])
         with ThreadPoolExecutor(1, thread_name_prefix="coordinator-validation") as pool:
             results = pool.submit(self._local.evaluate, self._dataset, steps=self._steps, verbose=0,
                                   return_dict=True).result()
         if logs is not None:
             logs.update({f"val_{name}": float(value) for name, value in results.items()})
+            logs["val_seconds"] = time.perf_counter() - started  # EpochMetricsLogger leaves it out of throughput
 
 
 def read_metrics(model_run_dir: str) -> list[dict]:

@@ -1,0 +1,37 @@
+"""The per-epoch metrics line: throughput and step time measure training, not validation."""
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from components.trainer.callbacks import EpochMetricsLogger, read_metrics
+
+SLEEP_S = 0.3  # per validation batch: far longer than a training step of this model
+
+
+def _slow(x, y):
+    def wait(v):
+        time.sleep(SLEEP_S)
+        return v
+
+    return tf.py_function(wait, [x], tf.float32), y
+
+
+def test_throughput_and_step_time_leave_validation_out(tmp_path):
+    x, y = np.ones((64, 3), np.float32), np.zeros((64, 1), np.float32)
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    validation = tf.data.Dataset.from_tensor_slices((x[:16], y[:16])).batch(8).map(_slow)
+    model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(train, validation_data=validation, epochs=2, verbose=0,
+              callbacks=[EpochMetricsLogger(str(tmp_path), batch_size=8, total_epochs=2)])
+    rows = read_metrics(str(tmp_path))
+    assert [row["epoch"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["val_seconds"] >= 2 * SLEEP_S, row
+        train_seconds = row["step_time_ms"] * 8 / 1000.0  # 8 steps
+        assert train_seconds + row["val_seconds"] <= row["seconds"], "the epoch-end callbacks are in neither"
+        assert row["examples_per_sec"] == pytest.approx(64 / train_seconds, rel=1e-6)
+        assert train_seconds < row["seconds"] - 2 * SLEEP_S, "the slow validation is not in the throughput"
