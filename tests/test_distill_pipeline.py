@@ -15,6 +15,7 @@ from components.errors import SpecError
 from components.soft_targets import SOFT_TARGETS
 from components.trainer import TRAINER
 from components.trainer.distill.loss import ensemble_soft_targets
+from tests.helpers import trainer_outputs
 
 CONF = {"teacher_epochs": 4, "student_epochs": 3, "teacher_hidden": 32, "student_hidden": 8, "batch_size": 64,
         "temperature": 3.0, "alpha": 0.7, "strategy": "one_device", "seed": 7}
@@ -148,10 +149,6 @@ def _distill_params(**extra):
                  "alpha": 0.7, "strategy": "one_device", "hyperparameters": hp}, **extra)
 
 
-def _out(tmp_path, name):
-    return {"model": str(tmp_path / name / "model"), "model_run": str(tmp_path / name / "model_run")}
-
-
 def test_bad_teachers_and_caches_are_refused_before_training(distill_run, tmp_path):
     outputs = distill_run["outputs"]
     teachers = [outputs["Teacher_0"]["model"]]
@@ -166,7 +163,7 @@ def test_bad_teachers_and_caches_are_refused_before_training(distill_run, tmp_pa
         (_trainer_inputs(outputs, teachers=teachers), {"mode": "train"}, "teachers are wired in but mode is 'train'"),
     ]
     for inputs, extra, message in cases:
-        out = _out(tmp_path, "refused")
+        out = trainer_outputs(tmp_path, "refused")
         with pytest.raises(SpecError, match=message):
             TRAINER.run(inputs, out, _distill_params(**extra))
         assert not os.path.exists(out["model"]) and not os.path.exists(out["model"] + ".work"), message
@@ -174,7 +171,7 @@ def test_bad_teachers_and_caches_are_refused_before_training(distill_run, tmp_pa
     pixels = tf_keras.Input(shape=(64,), name="pixels")
     three = tf_keras.Model({"pixels": pixels}, tf_keras.layers.Dense(3, activation="softmax")(pixels))
     three.save(str(tmp_path / "three" / "Format-Serving"), save_format="tf")
-    out = _out(tmp_path, "mismatch")
+    out = trainer_outputs(tmp_path, "mismatch")
     with pytest.raises(SpecError, match="predicts 3 classes but the student predicts 10"):
         TRAINER.run(_trainer_inputs(outputs, teachers=[str(tmp_path / "three")]), out, _distill_params())
     assert not os.path.exists(os.path.join(out["model"] + ".work", "backup")), "no training step was taken"
@@ -197,7 +194,8 @@ def test_distill_on_mirrored_replicas_equals_one_device_and_teachers_on_the_fly(
     cache = outputs["SoftTargets"]["examples"]
     runs = {}
     for name, extra in [("one", {}), ("mirrored", {"strategy": "mirrored"})]:
-        props = TRAINER.run(_trainer_inputs(outputs, examples=cache), _out(tmp_path, name), _distill_params(**extra))
+        props = TRAINER.run(_trainer_inputs(outputs, examples=cache), trainer_outputs(tmp_path, name),
+                            _distill_params(**extra))
         assert props["distillation"]["soft_targets"] == "precomputed"
         runs[name] = props
     from components.trainer.strategies import make_strategy
@@ -207,7 +205,7 @@ def test_distill_on_mirrored_replicas_equals_one_device_and_teachers_on_the_fly(
                              _student_weights(str(tmp_path / "mirrored" / "model"))):
         np.testing.assert_allclose(one, mirrored, rtol=1e-4, atol=1e-5)
     # The same student with the teachers run in the training step instead of the cache.
-    props = TRAINER.run(_trainer_inputs(outputs, teachers=teachers), _out(tmp_path, "fly"),
+    props = TRAINER.run(_trainer_inputs(outputs, teachers=teachers), trainer_outputs(tmp_path, "fly"),
                         _distill_params(soft_targets="auto"))
     assert props["distillation"]["soft_targets"] == "on_the_fly" and len(props["distillation"]["teachers"]) == 3
     raw, labels = _raw_eval(outputs)
@@ -252,7 +250,7 @@ def test_distill_under_mirrored_resumes_from_backup_after_a_crash(distill_run, t
     module.write_text(CRASH_ONCE)
     params = _distill_params(strategy="mirrored", module=str(module))
     params["hyperparameters"] = dict(params["hyperparameters"], epochs=4)
-    out = _out(tmp_path, "resumed")
+    out = trainer_outputs(tmp_path, "resumed")
     inputs = _trainer_inputs(outputs, examples=outputs["SoftTargets"]["examples"])
     with pytest.raises(RuntimeError, match="worker lost after epoch 2"):
         TRAINER.run(inputs, out, params)

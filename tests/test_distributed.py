@@ -14,19 +14,10 @@ from components.errors import SpecError
 from components.trainer import TRAINER
 from components.trainer.callbacks import read_progress
 from components.trainer.launchers.local import LaunchError
+from tests.helpers import trainer_inputs, trainer_outputs
 
 TOY = os.path.join(os.path.dirname(__file__), "assets", "toy_run_fn.py")
 PS_BATCHES = os.path.join(os.path.dirname(__file__), "assets", "ps_batches_run_fn.py")
-
-
-def _inputs(outputs):
-    return {"examples": outputs["Transform"]["transformed_examples"],
-            "transform_graph": outputs["Transform"]["transform_graph"],
-            "schema": outputs["ExampleGen"]["schema"]}
-
-
-def _out(tmp_path, name):
-    return {"model": str(tmp_path / name / "model"), "model_run": str(tmp_path / name / "model_run")}
 
 
 def _weights(outputs):
@@ -35,9 +26,9 @@ def _weights(outputs):
 
 
 def test_two_mwms_workers_end_with_the_weights_of_one_process(penguin_outputs, tmp_path):
-    one, two = _out(tmp_path, "one"), _out(tmp_path, "two")
-    TRAINER.run(_inputs(penguin_outputs), one, {"module": TOY, "strategy": "one_device"})
-    result = TRAINER.run(_inputs(penguin_outputs), two, {"module": TOY, "num_workers": 2, "max_restarts": 0})
+    one, two = trainer_outputs(tmp_path, "one"), trainer_outputs(tmp_path, "two")
+    TRAINER.run(trainer_inputs(penguin_outputs), one, {"module": TOY, "strategy": "one_device"})
+    result = TRAINER.run(trainer_inputs(penguin_outputs), two, {"module": TOY, "num_workers": 2, "max_restarts": 0})
     assert result["plan"]["strategy"] == "multi_worker_mirrored"
     assert result["launch"]["restarts"] == 0
     moved = max(np.abs(w).max() for w in _weights(one))
@@ -50,13 +41,13 @@ def test_central_storage_retry_resumes_from_its_backup_with_the_uninterrupted_we
     """tf_keras's BackupAndRestore refuses CentralStorage; ours allows it. A run that dies after
     epoch 2 of 3 is retried: the retry trains epoch 3 only and ends with the weights of a run
     that never died."""
-    whole, retried = _out(tmp_path, "cs_whole"), _out(tmp_path, "cs_retried")
+    whole, retried = trainer_outputs(tmp_path, "cs_whole"), trainer_outputs(tmp_path, "cs_retried")
     params = {"module": TOY, "strategy": "central_storage"}
-    TRAINER.run(_inputs(penguin_outputs), whole, dict(params, hyperparameters={"crash_once_after_epoch": 0}))
+    TRAINER.run(trainer_inputs(penguin_outputs), whole, dict(params, hyperparameters={"crash_once_after_epoch": 0}))
     faulty = dict(params, hyperparameters={"crash_once_after_epoch": 2})
     with pytest.raises(RuntimeError, match="transient fault after epoch 2"):
-        TRAINER.run(_inputs(penguin_outputs), retried, faulty)
-    result = TRAINER.run(_inputs(penguin_outputs), retried, faulty)
+        TRAINER.run(trainer_inputs(penguin_outputs), retried, faulty)
+    result = TRAINER.run(trainer_inputs(penguin_outputs), retried, faulty)
     assert result["plan"]["strategy"] == "central_storage"
     assert json.load(open(os.path.join(whole["model_run"], "epochs_run.json"))) == [0, 1, 2]
     assert json.load(open(os.path.join(retried["model_run"], "epochs_run.json"))) == [2], \
@@ -70,7 +61,7 @@ def test_mirrored_and_central_storage_on_logical_cpus(penguin_outputs, tmp_path,
     from components.trainer.strategies import make_strategy
 
     assert make_strategy(strategy).num_replicas_in_sync == replicas
-    result = TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, strategy), {
+    result = TRAINER.run(trainer_inputs(penguin_outputs), trainer_outputs(tmp_path, strategy), {
         "module": "pipelines.penguin_module", "strategy": strategy,
         "hyperparameters": {"epochs": 3, "batch_size": 16}})
     assert result["plan"]["strategy"] == strategy
@@ -84,7 +75,7 @@ def test_mirrored_and_central_storage_on_exactly_two_logical_cpus(penguin_output
     import sys
 
     script = os.path.join(os.path.dirname(__file__), "assets", "two_logical_cpus.py")
-    inputs = _inputs(penguin_outputs)
+    inputs = trainer_inputs(penguin_outputs)
     done = subprocess.run([sys.executable, script, inputs["examples"], inputs["transform_graph"], inputs["schema"],
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -98,8 +89,8 @@ def test_mirrored_and_central_storage_on_exactly_two_logical_cpus(penguin_output
 
 def test_parameter_server_training_with_two_workers_and_one_ps(penguin_outputs, tmp_path):
     """Through the tuned input pipeline, as the DAG wires it; the restart tests below read through TFXIO."""
-    outputs = _out(tmp_path, "pss")
-    inputs = dict(_inputs(penguin_outputs), input_pipeline=penguin_outputs["Transform"]["input_pipeline"])
+    outputs = trainer_outputs(tmp_path, "pss")
+    inputs = dict(trainer_inputs(penguin_outputs), input_pipeline=penguin_outputs["Transform"]["input_pipeline"])
     result = TRAINER.run(inputs, outputs, {
         "module": "pipelines.penguin_module", "num_workers": 2, "num_ps": 1, "max_restarts": 0,
         # The module's default rate: at 0.05 Adam drives the loss to ~0 by epoch 2 and asynchronous
@@ -122,8 +113,8 @@ def test_parameter_server_workers_each_shuffle_in_their_own_order(penguin_output
     """One traced dataset function runs on every worker: with the module's fixed seed both workers
     read the same examples in the same order, so 100 steps see only about 50 distinct examples.
     Seeds drawn per worker make the two orders independent: about 100 - 50 * 50 / rows distinct."""
-    outputs = _out(tmp_path, f"ps_order_{accessor}")
-    inputs = _inputs(penguin_outputs)
+    outputs = trainer_outputs(tmp_path, f"ps_order_{accessor}")
+    inputs = trainer_inputs(penguin_outputs)
     if accessor == "input_pipeline":
         inputs["input_pipeline"] = penguin_outputs["Transform"]["input_pipeline"]
     result = TRAINER.run(inputs, outputs, {"module": PS_BATCHES, "num_workers": 2, "num_ps": 1, "max_restarts": 0})
@@ -191,10 +182,10 @@ def _epochs_logged(outputs) -> list[int]:
 def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs, tmp_path):
     """A parameter server killed after the coordinator backed up an epoch: the variables are gone, so the
     cluster is restarted, and the coordinator resumes after that epoch instead of from the start."""
-    outputs = _out(tmp_path, "pss_kill")
+    outputs = trainer_outputs(tmp_path, "pss_kill")
     work, epochs = outputs["model"] + ".work", 10
     thread, killed = _kill_when(_ps_epoch_backed_up(outputs, work), work, "ps-0", within_s=300)
-    result = TRAINER.run(_inputs(penguin_outputs), outputs, {
+    result = TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
         "module": "pipelines.penguin_module", "num_workers": 2, "num_ps": 1, "max_restarts": 1,
         "backup_save_freq": 5, "hyperparameters": {"epochs": epochs, "batch_size": 8, "learning_rate": 0.05}})
     thread.join()
@@ -215,11 +206,11 @@ def test_parameter_server_worker_is_restarted_alone_and_taken_back(penguin_outpu
     """The only worker of a parameter-server cluster killed mid-training: the launcher restarts that
     worker alone, on its old address, and the same coordinator (never restarted) takes it back and
     finishes; with no other worker, it could not have finished without it."""
-    outputs = _out(tmp_path, "pss_worker_kill")
+    outputs = trainer_outputs(tmp_path, "pss_worker_kill")
     work, epochs = outputs["model"] + ".work", 6
     stop_watching, pids = _watch_pids(work)
     thread, killed = _kill_when(_ps_epoch_backed_up(outputs, work), work, "worker-0", within_s=300)
-    result = TRAINER.run(_inputs(penguin_outputs), outputs, {
+    result = TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
         "module": "pipelines.penguin_module", "num_workers": 1, "num_ps": 1, "max_restarts": 1,
         "hyperparameters": {"epochs": epochs, "batch_size": 8, "learning_rate": 0.05}})
     thread.join()
@@ -237,7 +228,7 @@ def test_parameter_server_worker_is_restarted_alone_and_taken_back(penguin_outpu
 
 
 def test_killed_worker_is_restarted_and_training_resumes_from_backup(penguin_outputs, tmp_path):
-    outputs = _out(tmp_path, "kill")
+    outputs = trainer_outputs(tmp_path, "kill")
     work = outputs["model"] + ".work"
     epochs, batch = 8, 8
 
@@ -249,7 +240,7 @@ def test_killed_worker_is_restarted_and_training_resumes_from_backup(penguin_out
         return {"step": progress["step"]} if progress and has_backup and progress["step"] >= 40 else None
 
     thread, killed = _kill_when(step_40_backed_up, work, "worker-1", within_s=240)
-    result = TRAINER.run(_inputs(penguin_outputs), outputs, {
+    result = TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
         "module": "pipelines.penguin_module", "num_workers": 2, "max_restarts": 2, "backup_save_freq": 5,
         "hyperparameters": {"epochs": epochs, "batch_size": batch}})
     thread.join()
@@ -276,10 +267,10 @@ def test_failure_past_retries_is_clear_and_keeps_the_backup(penguin_outputs, tmp
                    "    make_strategy(fn_args.custom_config['strategy'])\n"
                    "    os.makedirs(os.path.join(fn_args.working_dir, 'backup'), exist_ok=True)\n"
                    "    raise ValueError('out of coffee')\n")
-    outputs = _out(tmp_path, "crash")
+    outputs = trainer_outputs(tmp_path, "crash")
     with pytest.raises(LaunchError, match=r"training failed after 1 restart\(s\): worker-\d exited with code 1: "
                                           r"ValueError: out of coffee") as err:
-        TRAINER.run(_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 1})
+        TRAINER.run(trainer_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 1})
     assert str(err.value).endswith("ValueError: out of coffee; every attempt failed with this same error, which "
                                    "restarts do not mend: look for a bug in the module or its data")
     assert "resumes from it" in err.value.hint
@@ -301,10 +292,10 @@ def test_bad_input_in_a_worker_fails_at_once_without_restarts(penguin_outputs, t
                    "    with open(os.path.join(fn_args.working_dir, 'attempts'), 'a') as handle:\n"
                    "        handle.write('attempt\\n')\n"
                    "    raise InputDataError('data.csv:7: row 7 is bad', hint='fix row 7')\n")
-    outputs = _out(tmp_path, "bad_input")
+    outputs = trainer_outputs(tmp_path, "bad_input")
     with pytest.raises(LaunchError, match=r"not restarted: worker-0 exited with code 2: "
                                           r"components.errors.InputDataError: data.csv:7: row 7 is bad") as err:
-        TRAINER.run(_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 2})
+        TRAINER.run(trainer_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 2})
     assert "would fail the same way" in err.value.hint
     with open(outputs["model"] + ".work/attempts") as handle:
         assert handle.read().count("attempt") == 1, "the job was restarted for an error no restart mends"
@@ -312,7 +303,7 @@ def test_bad_input_in_a_worker_fails_at_once_without_restarts(penguin_outputs, t
 
 def test_worker_count_needs_a_cluster_strategy(penguin_outputs, tmp_path):
     with pytest.raises(SpecError, match="needs strategy multi_worker_mirrored or parameter_server"):
-        TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "x"),
+        TRAINER.run(trainer_inputs(penguin_outputs), trainer_outputs(tmp_path, "x"),
                     {"module": TOY, "num_workers": 2, "strategy": "mirrored"})
 
 
@@ -350,9 +341,9 @@ def test_no_process_outlives_a_failed_job(penguin_outputs, tmp_path):
                    "    if is_chief():\n"
                    "        raise SystemExit(3)\n"
                    "    time.sleep(120)\n")
-    outputs = _out(tmp_path, "late")
+    outputs = trainer_outputs(tmp_path, "late")
     with pytest.raises(LaunchError, match="exited with code 3"):
-        TRAINER.run(_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 0})
+        TRAINER.run(trainer_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 0})
     pids = json.load(open(outputs["model"] + ".work/pids.json"))
     assert set(pids) == {"worker-0", "worker-1"}
     time.sleep(0.5)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from components.errors import SpecError
 from components.trainer import TRAINER
+from tests.helpers import trainer_inputs
 
 TFX_STYLE_MODULE = textwrap.dedent('''
     """A run_fn written only against TFX's documented FnArgs fields and tfxio options."""
@@ -50,14 +51,6 @@ TFX_STYLE_MODULE = textwrap.dedent('''
 ''')
 
 
-def _inputs(outputs):
-    return {
-        "examples": outputs["Transform"]["transformed_examples"],
-        "transform_graph": outputs["Transform"]["transform_graph"],
-        "schema": outputs["ExampleGen"]["schema"],
-    }
-
-
 def _module(tmp_path, source, name="user_module.py"):
     path = tmp_path / name
     path.write_text(source)
@@ -66,7 +59,7 @@ def _module(tmp_path, source, name="user_module.py"):
 
 def test_tfx_style_run_fn_runs_unchanged(penguin_outputs, tmp_path):
     outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
-    TRAINER.run(_inputs(penguin_outputs), outputs, {
+    TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
         "module": _module(tmp_path, TFX_STYLE_MODULE), "train_steps": 7, "eval_steps": 0,
         "hyperparameters": {"lr": 0.1}, "custom_config": {"team": "ml-platform"},
     })
@@ -86,7 +79,7 @@ def test_run_fn_that_writes_no_model_is_an_error(penguin_outputs, tmp_path):
     module = _module(tmp_path, "def run_fn(fn_args):\n    pass\n", "lazy.py")
     outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
     with pytest.raises(SpecError, match="wrote no model to serving_model_dir"):
-        TRAINER.run(_inputs(penguin_outputs), outputs, {"module": module})
+        TRAINER.run(trainer_inputs(penguin_outputs), outputs, {"module": module})
     assert not os.path.exists(outputs["model"]) and not os.path.exists(outputs["model_run"])
 
 
@@ -104,9 +97,9 @@ def test_failed_attempt_leaves_nothing_and_retry_succeeds(penguin_outputs, tmp_p
     '''), "flaky.py")
     outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
     with pytest.raises(RuntimeError, match="worker lost"):
-        TRAINER.run(_inputs(penguin_outputs), outputs, {"module": flaky})
+        TRAINER.run(trainer_inputs(penguin_outputs), outputs, {"module": flaky})
     assert sorted(os.listdir(tmp_path)) == ["flaky.py", "model.work"], "only the working dir (backups) survives"
-    TRAINER.run(_inputs(penguin_outputs), outputs, {"module": flaky})
+    TRAINER.run(trainer_inputs(penguin_outputs), outputs, {"module": flaky})
     assert sorted(os.listdir(os.path.join(outputs["model"], "Format-Serving"))) == ["half-written", "saved_model.pb"]
     assert sorted(os.listdir(tmp_path)) == ["flaky.py", "model", "model_run"]
 
@@ -114,7 +107,7 @@ def test_failed_attempt_leaves_nothing_and_retry_succeeds(penguin_outputs, tmp_p
 def test_missing_split_is_refused(penguin_outputs, tmp_path):
     outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
     with pytest.raises(SpecError, match="Split-test does not exist"):
-        TRAINER.run(_inputs(penguin_outputs), outputs,
+        TRAINER.run(trainer_inputs(penguin_outputs), outputs,
                     {"module": "pipelines.penguin_module", "eval_splits": ["test"]})
 
 
