@@ -30,6 +30,10 @@ class SpecError(HpmlError):
     """A component parameter, pipeline parameter or artifact layout is invalid."""
 
 
+class TrainingDiverged(HpmlError):
+    """The loss became NaN or infinite: a restart from the last backup would diverge the same way."""
+
+
 def op_error_message(err) -> str:
     """A TensorFlow op error's own words (`tf.errors.OpError.message`), without the `{{function_node ...}}`
     prefix and `[Op:...] name:` suffix that eager execution wraps them in."""

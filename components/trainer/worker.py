@@ -65,13 +65,14 @@ def main(job_path: str) -> int:
 
 
 if __name__ == "__main__":
-    from components.errors import USER_ERROR_EXIT, InputDataError, SpecError
+    from components.errors import USER_ERROR_EXIT, InputDataError, SpecError, TrainingDiverged
 
     try:
         sys.exit(main(sys.argv[1]))
-    except (InputDataError, SpecError) as err:
-        # Bad data or parameters fail every attempt alike: a distinct status keeps the launcher from
-        # restarting the cluster for them. The traceback ends in the usual exception line, then the hint.
+    except (InputDataError, SpecError, TrainingDiverged) as err:
+        # Bad data or parameters, and a divergence, fail every attempt alike: a distinct status keeps the
+        # launcher from restarting the cluster for them. The traceback ends in the usual exception line, then
+        # the hint.
         import traceback
 
         traceback.print_exc()
