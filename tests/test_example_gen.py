@@ -1,6 +1,7 @@
 """ExampleGen on the Beam DirectRunner: TFX layout, hash split, schema, bad input."""
 import glob
 import gzip
+import math
 import os
 
 import pytest
@@ -483,6 +484,23 @@ def test_nan_in_a_numeric_column_is_missing_and_infinity_is_a_bad_row(tmp_path):
     with pytest.raises(InputDataError, match=r"inf.csv:6: column 'bill_length_mm' must hold a finite number, "
                                              r"got '-inf'$"):
         _run(tmp_path, {"input_path": inf, "numeric_columns": ["bill_length_mm"]}, "inf")
+
+
+def test_infinity_is_a_bad_row_in_any_column_read_as_numbers(tmp_path):
+    """Not declared numeric, 'bill_length_mm' is read as numbers all the same; an infinity there used to
+    reach the examples, and its column's mean and z-scores with it."""
+    rows = _rows(30)
+    rows[7] = "Adelie,Dream,inf,2007"
+    csv = write_csv(tmp_path / "inf_undeclared.csv", HEADER, rows)
+    with pytest.raises(InputDataError, match=r"inf_undeclared.csv:9: column 'bill_length_mm' must hold a finite "
+                                             r"number, got 'inf'$") as err:
+        _run(tmp_path, {"input_path": csv}, "inf_refused")
+    assert err.value.hint == "fix the row, or set skip_bad_rows=true"
+    props, out = _run(tmp_path, {"input_path": csv, "skip_bad_rows": True}, "inf_skipped")
+    assert props["bad_rows"] == 1
+    examples = _read(out["examples"] + "/Split-*/*.gz")
+    values = [v for e in examples for v in e.features.feature["bill_length_mm"].float_list.value]
+    assert len(examples) == 29 and len(values) == 29 and all(math.isfinite(v) for v in values)
 
 
 def test_nan_is_missing_in_any_column_read_as_numbers(tmp_path):

@@ -98,7 +98,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                     params["encoding"])
             )
             kinds = rows | "InferColumnKinds" >> beam.CombineGlobally(sources.ColumnKinds(header))
-            records = rows | "ToExample" >> beam.Map(sources.csv_row_to_example, kinds=beam.pvalue.AsSingleton(kinds))
+            records = rows | "ToExample" >> beam.ParDo(sources.CsvRowsToExamples(params["skip_bad_rows"]),
+                                                       kinds=beam.pvalue.AsSingleton(kinds))
         else:
             records = file_list | "ReadTFRecord" >> beam.ParDo(
                 sources.ReadTFRecordExamples(params["skip_bad_rows"], required, numeric)

@@ -277,28 +277,45 @@ class ColumnKinds(beam.CombineFn):
         return dict(zip(self._header, acc))
 
 
-def csv_row_to_example(row, kinds: dict) -> tuple[str, int, bytes]:
-    """A typed tf.Example; a missing value leaves its feature out, as TFX's CSV decoder does. In a column read
-    as numbers, NaN is missing too, declared numeric or not: pandas writes a missing number as NaN, and one NaN
-    value turns tf.Transform's mean of the column, and every z-score from it, into NaN."""
-    import tensorflow as tf
+class CsvRowsToExamples(beam.DoFn):
+    """A typed tf.Example per row; a missing value leaves its feature out, as TFX's CSV decoder does.
 
-    path, line, values = row
-    example = tf.train.Example()
-    for name, text in values.items():
-        if text is None:
-            continue
-        kind = kinds[name]
-        if kind == INT:
-            example.features.feature[name].int64_list.value.append(int(text))
-        elif kind == FLOAT:
-            number = float(text)
-            if not math.isnan(number):
-                example.features.feature[name].float_list.value.append(number)
-        else:
-            example.features.feature[name].bytes_list.value.append(text.encode("utf-8"))
-    # Deterministic: map order would otherwise vary per process, and the hash split with it.
-    return path, line, example.SerializeToString(deterministic=True)
+    In a column read as numbers, NaN is missing too, declared numeric or not: pandas writes a missing
+    number as NaN, and one NaN value turns tf.Transform's mean of the column, and every z-score from it,
+    into NaN. An infinity there does the same, and it is no missing value: its row is bad, an error or
+    skipped and counted. ReadCsvRows already refused it in a declared numeric column; the others are only
+    known to hold numbers once every row has been read, so it is checked here.
+    """
+
+    def __init__(self, skip_bad_rows: bool):
+        self._skip = skip_bad_rows
+        self._skipped = _SkippedRows()
+
+    def process(self, row, kinds: dict) -> Iterator[tuple[str, int, bytes]]:
+        import tensorflow as tf
+
+        path, line, values = row
+        example = tf.train.Example()
+        for name, text in values.items():
+            if text is None:
+                continue
+            kind = kinds[name]
+            if kind == INT:
+                example.features.feature[name].int64_list.value.append(int(text))
+            elif kind == FLOAT:
+                number = float(text)
+                if math.isinf(number):
+                    problem = f"column {name!r} must hold a finite number, got {text!r}"
+                    if self._skip:
+                        self._skipped.skip(f"{path}:{line}", problem)
+                        return
+                    raise InputDataError(f"{path}:{line}: {problem}", hint="fix the row, or set skip_bad_rows=true")
+                if not math.isnan(number):
+                    example.features.feature[name].float_list.value.append(number)
+            else:
+                example.features.feature[name].bytes_list.value.append(text.encode("utf-8"))
+        # Deterministic: map order would otherwise vary per process, and the hash split with it.
+        yield path, line, example.SerializeToString(deterministic=True)
 
 
 class ReadTFRecordExamples(beam.DoFn):
