@@ -19,7 +19,7 @@ import tensorflow as tf
 from components.errors import HpmlError, SpecError
 from components.trainer import TRAINER
 from tests.k8s_standin import TrainingOperatorStandIn
-from tests.test_distributed import _inputs, _out
+from tests.helpers import trainer_inputs, trainer_outputs
 from tests.test_launchers import tfjob_schema  # noqa: F401 - the CRD schema fixture
 
 IMAGE = "registry.example/hpml:test"
@@ -40,8 +40,8 @@ def _params(**extra):
 
 
 def test_trainer_runs_multi_worker_training_as_a_tfjob(penguin_outputs, operator, tmp_path, tfjob_schema):  # noqa: F811
-    out = _out(tmp_path, "tfjob")
-    props = TRAINER.run(_inputs(penguin_outputs), out, _params())
+    out = trainer_outputs(tmp_path, "tfjob")
+    props = TRAINER.run(trainer_inputs(penguin_outputs), out, _params())
     launch = props["launch"]
     assert launch["launcher"] == "kubernetes" and launch["job"].startswith("ml/hpml-trainer-")
     assert launch["replicas"] == {"chief": 1, "worker": 1, "ps": 0} and launch["conditions"][-1] == "Succeeded"
@@ -62,8 +62,8 @@ def test_trainer_runs_multi_worker_training_as_a_tfjob(penguin_outputs, operator
 
 
 def test_trainer_runs_ps_training_as_a_tfjob(penguin_outputs, operator, tmp_path, tfjob_schema):  # noqa: F811
-    out = _out(tmp_path, "tfjob-ps")
-    props = TRAINER.run(_inputs(penguin_outputs), out, _params(num_workers=1, num_ps=1))
+    out = trainer_outputs(tmp_path, "tfjob-ps")
+    props = TRAINER.run(trainer_inputs(penguin_outputs), out, _params(num_workers=1, num_ps=1))
     assert props["plan"]["strategy"] == "parameter_server"
     assert props["launch"]["replicas"] == {"chief": 1, "worker": 1, "ps": 1}
     (job,) = operator.jobs.values()
@@ -82,14 +82,14 @@ def test_a_failed_tfjob_fails_the_trainer_with_the_replicas_error(penguin_output
         def run_fn(fn_args):
             raise RuntimeError("the cluster's data mount is empty")
     '''))
-    out = _out(tmp_path, "failed")
+    out = trainer_outputs(tmp_path, "failed")
     # The operator's condition names no error; the message quotes the worker's own, from its pod's termination
     # message. Both replicas run the broken run_fn; whichever the operator sees exit first is the one named.
     with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+ failed: TFJob .* has failed because 1 "
                                         r"(Chief|Worker) replica\(s\) failed. pod hpml-trainer-\w+-\w+-"
                                         r"(chief|worker)-0 exited with code 1: RuntimeError: the cluster's data mount "
                                         r"is empty"):
-        TRAINER.run(_inputs(penguin_outputs), out, _params(module=str(module), max_restarts=1))
+        TRAINER.run(trainer_inputs(penguin_outputs), out, _params(module=str(module), max_restarts=1))
     (job,) = operator.jobs.values()
     assert sum(r.restarts for r in job["replicas"]) == 1, "an ordinary crash is the operator's to restart"
     assert not os.path.exists(out["model"]) and not os.path.exists(out["model_run"]), "nothing half-published"
@@ -114,12 +114,12 @@ def test_bad_input_on_a_tfjob_stops_the_job_instead_of_restarting_it(penguin_out
     times, each failing alike. The launcher sees the exit code (2) in the pod's status and deletes the job."""
     module = tmp_path / "bad_input.py"
     module.write_text(BAD_INPUT)
-    out = _out(tmp_path, "bad_input")
+    out = trainer_outputs(tmp_path, "bad_input")
     with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+: pod hpml-trainer-\w+-\w+-chief-0 exited "
                                         r"with code 2: components.errors.InputDataError: data.csv:7: row 7 is bad "
                                         r"hint: fix row 7; bad input or parameters, so the job is stopped, not "
                                         r"restarted") as err:
-        TRAINER.run(_inputs(penguin_outputs), out, _params(module=str(module), max_restarts=2))
+        TRAINER.run(trainer_inputs(penguin_outputs), out, _params(module=str(module), max_restarts=2))
     assert "would fail the same way" in err.value.hint
     (name,) = operator.jobs
     assert operator.deleted == [name], "left alone, the operator restarts it"
@@ -142,7 +142,7 @@ def test_bad_input_on_a_tfjob_stops_the_job_instead_of_restarting_it(penguin_out
 def test_remote_settings_are_checked_before_anything_is_submitted(penguin_outputs, operator, tmp_path, extra,
                                                                   message):
     with pytest.raises(SpecError, match=message):
-        TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "refused"), _params(**extra))
+        TRAINER.run(trainer_inputs(penguin_outputs), trainer_outputs(tmp_path, "refused"), _params(**extra))
     assert operator.requests == [], "no job was submitted"
     assert not os.path.exists(tmp_path / "refused")
 
@@ -176,10 +176,10 @@ def test_a_tfjob_that_outlives_its_timeout_is_deleted(penguin_outputs, operator,
     retry of the task would start a second one beside it."""
     module = tmp_path / "sleeper.py"
     module.write_text(SLEEPER)
-    out = _out(tmp_path, "slow")
+    out = trainer_outputs(tmp_path, "slow")
     cluster = {"image": IMAGE, "namespace": "ml", "poll_seconds": 0.2, "timeout_seconds": 3}
     with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+ did not finish within 3s"):
-        TRAINER.run(_inputs(penguin_outputs), out, _params(module=str(module), cluster=cluster))
+        TRAINER.run(trainer_inputs(penguin_outputs), out, _params(module=str(module), cluster=cluster))
     (name,) = operator.jobs
     assert operator.deleted == [name]
     assert ("DELETE", f"/apis/kubeflow.org/v1/namespaces/ml/tfjobs/{name}") in \
@@ -195,7 +195,8 @@ def test_a_failed_tfjob_is_kept_for_its_logs_and_pods_need_not_be_readable(pengu
     module.write_text(BAD_INPUT.replace("InputDataError(", "RuntimeError(").replace(", hint=\"fix row 7\"", ""))
     operator.pods_forbidden = True
     with pytest.raises(HpmlError, match=r"failed: TFJob .* has failed because 1 Chief replica\(s\) failed.$") as err:
-        TRAINER.run(_inputs(penguin_outputs), _out(tmp_path, "broken"), _params(module=str(module), max_restarts=0))
+        TRAINER.run(trainer_inputs(penguin_outputs), trainer_outputs(tmp_path, "broken"),
+                    _params(module=str(module), max_restarts=0))
     assert err.value.hint.startswith("kubectl -n ml logs -l training.kubeflow.org/job-name=hpml-trainer-")
     assert len(operator.jobs) == 1 and operator.deleted == []
     forbidden = [r.message for r in caplog.records if "cannot list the pods" in r.message]
@@ -213,7 +214,8 @@ def _sigterm_a_training_trainer(penguin_outputs, tmp_path, params, jobs: dict) -
 
     module = tmp_path / "sleeper.py"
     module.write_text(SLEEPER)
-    args = json.dumps([_inputs(penguin_outputs), _out(tmp_path, "stopped"), dict(params, module=str(module))])
+    args = json.dumps([trainer_inputs(penguin_outputs), trainer_outputs(tmp_path, "stopped"),
+                       dict(params, module=str(module))])
     # SIGUSR1 makes the Trainer print every thread's stack: if it ever outlives the SIGTERM, the failure says where.
     script = ("import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
               f"import json; from components.trainer import TRAINER; TRAINER.run(*json.loads({args!r}))")
@@ -234,7 +236,7 @@ def _sigterm_a_training_trainer(penguin_outputs, tmp_path, params, jobs: dict) -
         pytest.fail("the Trainer outlived its SIGTERM by 60 s; its stacks: "
                     + (tmp_path / "trainer.err").read_text()[-6000:])
     assert trainer.returncode != 0
-    assert not os.path.exists(_out(tmp_path, "stopped")["model"])
+    assert not os.path.exists(trainer_outputs(tmp_path, "stopped")["model"])
     return (tmp_path / "trainer.err").read_text()
 
 
@@ -274,10 +276,10 @@ def _vertex_params(vertex_ai, **extra):
 
 
 def test_trainer_runs_multi_worker_training_as_a_vertex_custom_job(penguin_outputs, vertex_ai, tmp_path):
-    out = _out(tmp_path, "vertex")
+    out = trainer_outputs(tmp_path, "vertex")
     # Ridden out, not a reason to abandon (and cancel) the job; here aiplatform's own retry takes them.
     vertex_ai.unavailable_reads = 2
-    props = TRAINER.run(_inputs(penguin_outputs), out, _vertex_params(vertex_ai))
+    props = TRAINER.run(trainer_inputs(penguin_outputs), out, _vertex_params(vertex_ai))
     assert vertex_ai.unavailable_reads == 0
     launch = props["launch"]
     assert launch["launcher"] == "vertex" and launch["state"] == "JOB_STATE_SUCCEEDED"
@@ -295,8 +297,8 @@ def test_trainer_runs_multi_worker_training_as_a_vertex_custom_job(penguin_outpu
 
 
 def test_trainer_runs_ps_training_as_a_vertex_custom_job(penguin_outputs, vertex_ai, tmp_path):
-    out = _out(tmp_path, "vertex-ps")
-    props = TRAINER.run(_inputs(penguin_outputs), out, _vertex_params(vertex_ai, num_workers=1, num_ps=1))
+    out = trainer_outputs(tmp_path, "vertex-ps")
+    props = TRAINER.run(trainer_inputs(penguin_outputs), out, _vertex_params(vertex_ai, num_workers=1, num_ps=1))
     assert props["plan"]["strategy"] == "parameter_server" and props["launch"]["state"] == "JOB_STATE_SUCCEEDED"
     (job,) = vertex_ai.jobs.values()
     spec = job["resource"]["jobSpec"]
@@ -310,10 +312,10 @@ def test_trainer_runs_ps_training_as_a_vertex_custom_job(penguin_outputs, vertex
 def test_a_failed_custom_job_fails_the_trainer_with_the_replicas_error(penguin_outputs, vertex_ai, tmp_path):
     module = tmp_path / "broken.py"
     module.write_text("def run_fn(fn_args):\n    raise RuntimeError('the bucket is empty')\n")
-    out = _out(tmp_path, "vertex-failed")
+    out = trainer_outputs(tmp_path, "vertex-failed")
     with pytest.raises(HpmlError, match=r"CustomJob projects/hpml-test/locations/europe-west4/customJobs/1 ended "
                                         r"JOB_STATE_FAILED: The replica workerpool\d-0 exited .*the bucket is empty"):
-        TRAINER.run(_inputs(penguin_outputs), out, _vertex_params(vertex_ai, module=str(module)))
+        TRAINER.run(trainer_inputs(penguin_outputs), out, _vertex_params(vertex_ai, module=str(module)))
     assert ("POST", "cancel") not in [(m, p.split("?")[0].rsplit(":", 1)[-1]) for m, p in vertex_ai.requests]
     assert not os.path.exists(out["model"])
 
@@ -321,10 +323,10 @@ def test_a_failed_custom_job_fails_the_trainer_with_the_replicas_error(penguin_o
 def test_a_custom_job_that_outlives_its_timeout_is_cancelled(penguin_outputs, vertex_ai, tmp_path):
     module = tmp_path / "sleeper.py"
     module.write_text(SLEEPER)
-    out = _out(tmp_path, "vertex-slow")
+    out = trainer_outputs(tmp_path, "vertex-slow")
     with pytest.raises(HpmlError, match=r"CustomJob projects/hpml-test/locations/europe-west4/customJobs/1 did not "
                                         r"finish within 3s"):
-        TRAINER.run(_inputs(penguin_outputs), out,
+        TRAINER.run(trainer_inputs(penguin_outputs), out,
                     _vertex_params(vertex_ai, module=str(module), cluster={"timeout_seconds": 3}))
     (job,) = vertex_ai.jobs.values()
     assert job["cancelled"] and all(r.popen.poll() is not None for r in job["replicas"])
