@@ -19,6 +19,7 @@ from pipelines.paths import hpml_home
 ARTIFACT_TAG = "artifact."
 DURATION_METRIC = "duration_s."
 EMPTY_COLUMNS_TAG = "hpml.empty_columns"
+CONSTANT_FEATURES_TAG = "hpml.constant_features"
 SHORT_ID = 8  # how many characters of a run id `hpml runs` shows; any unique prefix of 4 or more resolves
 
 
@@ -110,6 +111,8 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     tags = [RunTag(f"{ARTIFACT_TAG}{node_id}.{name}", uri) for name, uri in outputs.items()]
     if properties.get("empty_columns"):  # input columns with no value in any row (ExampleGen)
         tags.append(RunTag(EMPTY_COLUMNS_TAG, ", ".join(properties["empty_columns"])))
+    if properties.get("constant_features"):  # transformed features with one value in every train example
+        tags.append(RunTag(CONSTANT_FEATURES_TAG, ", ".join(properties["constant_features"])))
     plan = properties.get("plan")
     if plan:
         tags += [RunTag("hpml.strategy", plan["strategy"]), RunTag("hpml.plan", "; ".join(plan["reasons"]))]
@@ -195,6 +198,7 @@ class RunSummary:
     bad_rows: int = 0  # input rows skip_bad_rows dropped
     input_files: int = 0
     empty_columns: list[str] = field(default_factory=list)  # input columns with no value in any row
+    constant_features: list[str] = field(default_factory=list)  # transformed, one value in every train example
 
 
 def load(mlflow_run_id: str) -> RunSummary:
@@ -220,6 +224,7 @@ def load(mlflow_run_id: str) -> RunSummary:
         bad_rows=int(metrics.get("bad_rows", 0)),
         input_files=int(metrics.get("input_files", 0)),
         empty_columns=tags[EMPTY_COLUMNS_TAG].split(", ") if tags.get(EMPTY_COLUMNS_TAG) else [],
+        constant_features=tags[CONSTANT_FEATURES_TAG].split(", ") if tags.get(CONSTANT_FEATURES_TAG) else [],
     )
 
 

@@ -125,7 +125,7 @@ def collect(mlflow_run_id: str) -> dict:
         "run_name": summary.run_name, "mlflow_run_id": mlflow_run_id, "status": summary.status,
         "pipeline": summary.tags.get("hpml.pipeline", ""), "params": dict(sorted(summary.params.items())),
         "data": {"examples": summary.examples, "bad_rows": summary.bad_rows, "input_files": summary.input_files,
-                 "empty_columns": summary.empty_columns},
+                 "empty_columns": summary.empty_columns, "constant_features": summary.constant_features},
         "eval_metrics": summary.eval_metrics, "durations": durations, "series": series,
         "plan": _read_json(os.path.join(run_dir, "plan.json")) if run_dir else None,
         "gpipe": _read_json(os.path.join(run_dir, "gpipe.json")) if run_dir else None,
@@ -163,7 +163,7 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;colo
 
 def _data_section(data: dict) -> str:
     """What ExampleGen made of the input: examples per split, the rows skip_bad_rows dropped, and the columns
-    that held no value in any row."""
+    that held no value in any row; and the features Transform left with one value."""
     files = data["input_files"]
     text = (f"{sum(data['examples'].values())} examples" + (f" from {files} file{'s' if files != 1 else ''}"
                                                             if files else "")
@@ -173,6 +173,10 @@ def _data_section(data: dict) -> str:
     if data.get("empty_columns"):
         names = ", ".join(html.escape(name) for name in data["empty_columns"])
         text += f"; <b>no value in any row: {names}</b> (disabled in the schema)"
+    if data.get("constant_features"):
+        names = ", ".join(html.escape(name) for name in data["constant_features"])
+        text += (f"; <b>one value in every transformed train example: {names}</b> (a constant column, or one "
+                 "value so extreme that its statistics overflowed; the Transform log says more)")
     return f"<h2>Data</h2><p>{text}.</p>"
 
 

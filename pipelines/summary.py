@@ -23,6 +23,9 @@ def print_summary(summary: records.RunSummary, console: Console | None = None) -
                       + (f"; {summary.bad_rows} bad rows skipped" if summary.bad_rows else "")
                       + (f"; no value in any row: {', '.join(summary.empty_columns)}" if summary.empty_columns else ""),
                       highlight=False)
+    if summary.constant_features:
+        console.print(f"one value in every transformed train example: {', '.join(summary.constant_features)} "
+                      "(the Transform log says why)", highlight=False, soft_wrap=True)
     if summary.eval_metrics:
         console.print("eval: " + "  ".join(f"{k}={v:.4f}" for k, v in sorted(summary.eval_metrics.items())))
     console.print(f"run record: MLflow run {summary.mlflow_run_id} at {records.tracking_uri()}", soft_wrap=True)

@@ -89,6 +89,7 @@ def test_run_record_contents(penguin_dag_run):
         for name, uri in outputs.items():
             assert uri == os.path.join(run_dir, node, name) and os.path.isdir(uri)
     assert summary.outputs["Trainer"]["model"].endswith("/Trainer/model")
+    assert summary.constant_features == [] and "hpml.constant_features" not in summary.tags, "every feature varies"
     for metric in ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_sec", "step_time_ms"):
         steps = records.history(summary.mlflow_run_id, metric)
         assert [s for s, _ in steps] == list(range(1, TINY_EPOCHS + 1)), metric

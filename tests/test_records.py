@@ -70,6 +70,26 @@ def test_empty_input_columns_reach_the_run_record_summary_and_report():
         report.collect(plain), {})
 
 
+def test_constant_features_reach_the_run_record_summary_and_report():
+    """Transform's constant_features: the model learns nothing from them, and the run says so where people look."""
+    from rich.console import Console
+
+    from pipelines import report
+    from pipelines.summary import print_summary
+
+    run_id = records.start("record_test", "run-constant", {"epochs": 1}, {})
+    records.log_node(run_id, "ExampleGen", {}, {"split_counts": {"train": 20, "eval": 10}}, seconds=1.0)
+    records.log_node(run_id, "Transform", {}, {"constant_features": ["bill_length_mm", "year"]}, seconds=1.0)
+    records.finish(run_id)
+    summary = records.load(run_id)
+    assert summary.constant_features == ["bill_length_mm", "year"]
+    console = Console(record=True, width=200)
+    print_summary(summary, console)
+    assert "one value in every transformed train example: bill_length_mm, year" in console.export_text()
+    assert "<b>one value in every transformed train example: bill_length_mm, year</b>" in report.render(
+        report.collect(run_id), {})
+
+
 def test_resolve_takes_a_run_id_a_unique_prefix_of_one_or_a_run_name():
     name = f"it's \"quoted\" {uuid.uuid4().hex[:8]} 100% \\"
     run_id = records.start("resolve_test", name, {}, {})

@@ -78,6 +78,37 @@ def test_a_required_feature_whose_column_is_empty_is_named_as_such(tmp_path, pen
     assert sorted(os.listdir(tmp_path)) == ["gen", "no_sex.csv"], "nothing written before the refusal"
 
 
+def test_features_left_with_one_value_are_named(tmp_path, penguin_csv, caplog):
+    """One bill length of 3e38 overflows its column's statistics, and every z-score of it came out 0: the
+    run trained on without the feature and said nothing. A constant column is named too."""
+    from components.example_gen import EXAMPLE_GEN
+
+    lines = open(penguin_csv, encoding="utf-8").read().splitlines()
+    header = lines[0].split(",")
+    length, mass = header.index("bill_length_mm"), header.index("body_mass_g")
+    rows = [line.split(",") for line in lines[1:]]
+    full = [row for row in rows if "NA" not in row]
+    for row in full:
+        row[mass] = "4000"
+    full[0][length] = "3e38"
+    data = tmp_path / "extreme.csv"
+    data.write_text("\n".join([lines[0], *(",".join(row) for row in full)]) + "\n", encoding="utf-8")
+    gen = {k: str(tmp_path / "gen" / k) for k in ("examples", "schema")}
+    EXAMPLE_GEN.run({}, gen, {"input_path": str(data)})
+    outputs = {k: str(tmp_path / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+    props = TRANSFORM.run(gen, outputs, {"module": "pipelines.penguin_module"})
+    assert props["constant_features"] == ["bill_length_mm", "body_mass_g"]
+    assert "bill_length_mm, body_mass_g hold one value in every transformed train example" in caplog.text
+    values = {name: set() for name in ("bill_length_mm", "bill_depth_mm")}
+    for path in glob.glob(os.path.join(outputs["transformed_examples"], "Split-train", "*.gz")):
+        for record in tf.data.TFRecordDataset(path, compression_type="GZIP"):
+            example = tf.train.Example.FromString(record.numpy())
+            for name in values:
+                values[name].update(example.features.feature[name].float_list.value)
+    assert len(values["bill_length_mm"]) == 1, "the overflow is what the check reports"
+    assert len(values["bill_depth_mm"]) > 50, "the other features vary and are not named"
+
+
 USER_MODULE = '''import tensorflow_transform as tft
 
 

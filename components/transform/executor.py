@@ -6,6 +6,8 @@ GZIP transformed examples per split, and the InputPipeline spec.
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
 from typing import Any, Mapping
 
@@ -18,6 +20,8 @@ from components.errors import InputDataError, SpecError
 from components.example_gen.schema_inference import is_empty_column, read_schema
 from components.transform import tuning
 from components.user_module import failing_line, load_function
+
+log = logging.getLogger(__name__)
 
 
 def _check_required_features(schema, required: list[str], where: str) -> None:
@@ -75,6 +79,57 @@ def _remove_scratch(path: str, attempts: int = 5) -> None:
     raise OSError(f"could not remove tf.Transform scratch space {path}")
 
 
+def _numeric_ranges(record_batch) -> dict:
+    """{feature: [min, max, values]} over one batch of transformed examples' numeric features."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ranges = {}
+    for name, column in zip(record_batch.schema.names, record_batch.columns):
+        values = column.flatten() if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) else column
+        if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
+            continue
+        if pa.types.is_floating(values.type):
+            values = values.filter(pc.invert(pc.is_nan(values)))
+        extremes = pc.min_max(values)
+        if extremes["min"].is_valid:
+            ranges[name] = [extremes["min"].as_py(), extremes["max"].as_py(), len(values) - values.null_count]
+    return ranges
+
+
+class _FeatureRanges(beam.CombineFn):
+    """Each numeric feature's smallest and largest value, and how many values it has, over a split."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, ranges):
+        return self.merge_accumulators([acc, ranges])
+
+    def merge_accumulators(self, accs):
+        merged = {}
+        for acc in accs:
+            for name, (low, high, count) in acc.items():
+                mine = merged.get(name)
+                merged[name] = [low, high, count] if mine is None else \
+                    [min(mine[0], low), max(mine[1], high), mine[2] + count]
+        return merged
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _write_json(value, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(value, handle)
+
+
+def _constant_features(ranges: Mapping[str, list]) -> list[str]:
+    """The numeric features that hold one value in every example that has them: the model can learn nothing
+    from them."""
+    return sorted(name for name, (low, high, count) in ranges.items() if count > 1 and low == high)
+
+
 def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
     import tensorflow_transform as tft
     import tensorflow_transform.beam as tft_beam
@@ -115,12 +170,15 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 analyze_sources[0].TensorAdapterConfig(),
             ) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph_dir)
+            ranges = []
             for split in splits:
                 src = source(split)
                 transformed, _ = (
                     (pipeline | f"Read[{split}]" >> src.BeamSource(), src.TensorAdapterConfig()),
                     transform_fn,
                 ) | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True)
+                if split in params["analyze_splits"]:
+                    ranges.append(transformed | f"Ranges[{split}]" >> beam.Map(lambda b: _numeric_ranges(b[0])))
                 _ = (
                     transformed
                     | f"Encode[{split}]" >> beam.FlatMap(lambda batch: example_coder.RecordBatchToExamples(batch[0]))
@@ -131,11 +189,22 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                         file_name_suffix=artifacts.TFRECORD_GZ_SUFFIX,
                     )
                 )
+            ranges_path = os.path.join(graph_dir, ".tft_tmp", "feature_ranges.json")
+            _ = (ranges | "FlattenRanges" >> beam.Flatten() | "FeatureRanges" >> beam.CombineGlobally(_FeatureRanges())
+                 | "WriteRanges" >> beam.Map(_write_json, ranges_path))
             run_pipeline(pipeline)
+        with open(ranges_path, encoding="utf-8") as handle:
+            constant = _constant_features(json.load(handle))
         _remove_scratch(os.path.join(graph_dir, ".tft_tmp"))
+        if constant:
+            log.warning(
+                "Transform: feature(s) %s hold one value in every transformed %s example, so the model can learn "
+                "nothing from them. Either the raw column is constant, or it holds a value so extreme that the "
+                "column's statistics overflowed (a z-score then divides by an infinite deviation): look at its "
+                "largest values", ", ".join(constant), "+".join(params["analyze_splits"]))
         transformed_schema = tft.TFTransformOutput(graph_dir).transformed_metadata.schema
         tuned = tuning.write_input_pipeline(
             artifacts.transformed_examples_file_pattern(examples_dir, params["analyze_splits"][0]), transformed_schema,
             pipeline_dir, params)
     return {"splits": splits, "transformed_features": sorted(f.name for f in transformed_schema.feature),
-            "input_pipeline": tuned}
+            "input_pipeline": tuned, "constant_features": constant}
