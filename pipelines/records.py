@@ -102,9 +102,7 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     for key in ("bad_rows", "input_files"):
         if key in properties:
             metrics.append(Metric(key, properties[key], now, 0))
-    for row in properties.get("history") or []:
-        step = int(row["epoch"])
-        metrics += [Metric(k, float(v), now, step) for k, v in row.items() if k != "epoch" and _finite(v)]
+    metrics += _history_metrics(properties.get("history") or [], now)
     for key, value in (properties.get("eval_metrics") or {}).items():
         if _finite(value):
             metrics.append(Metric(f"eval_{key}", float(value), now, 0))
@@ -168,8 +166,22 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
                 mlflow_client.log_artifact(mlflow_run_id, path, artifact_path=f"{node_id}/{name}")
 
 
-def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException) -> None:
+def _history_metrics(history: list[dict], now: int, prefix: str = "") -> list:
+    """One metric per finite figure of each epoch's row, at the epoch as its step."""
+    from mlflow.entities import Metric
+
+    return [Metric(f"{prefix}{k}", float(v), now, int(row["epoch"]))
+            for row in history for k, v in row.items() if k != "epoch" and _finite(v)]
+
+
+def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException, metric_prefix: str = "") -> None:
+    """Closes the record as FAILED with the error and its hint, and the per-epoch metrics of the epochs that
+    finished before it (a Trainer puts them on the error as `partial_history`)."""
     mlflow_client = client()
+    history = getattr(error, "partial_history", None) or []
+    if history:
+        mlflow_client.log_batch(mlflow_run_id, metrics=_history_metrics(history, int(time.time() * 1000),
+                                                                         metric_prefix))
     mlflow_client.set_tag(mlflow_run_id, "hpml.failed_node", node_id)
     mlflow_client.set_tag(mlflow_run_id, "hpml.error", f"{type(error).__name__}: {error}"[:5000])
     if getattr(error, "hint", None):

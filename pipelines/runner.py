@@ -75,16 +75,16 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
     inputs = node.resolve_inputs(upstream)
     outputs = {name: os.path.join(context.run_dir, node.id, name) for name in node.component.outputs}
     log.info("%s: starting", node.id)
+    # Metrics of a node named after its component keep their plain names (penguin's "loss");
+    # several nodes of one component (Teacher_0, Student_scratch) get their node id as a prefix.
+    prefix = "" if node.id == node.component.name else f"{node.id}."
     started = time.perf_counter()
     try:
         properties = node.component.run(inputs, outputs, node.params(context.params))
     except BaseException as err:
-        records.mark_failed(context.mlflow_run_id, node.id, err)
+        records.mark_failed(context.mlflow_run_id, node.id, err, prefix)
         raise
     seconds = time.perf_counter() - started
-    # Metrics of a node named after its component keep their plain names (penguin's "loss");
-    # several nodes of one component (Teacher_0, Student_scratch) get their node id as a prefix.
-    prefix = "" if node.id == node.component.name else f"{node.id}."
     records.log_node(context.mlflow_run_id, node.id, outputs, properties, seconds, prefix)
     for name, uri in outputs.items():
         log.info("%s: %s -> %s", node.id, name, uri)

@@ -90,6 +90,19 @@ def test_constant_features_reach_the_run_record_summary_and_report():
         report.collect(run_id), {})
 
 
+def test_a_failed_node_records_the_error_and_the_epochs_that_finished():
+    run_id = records.start("record_test", "run-failed", {"epochs": 3}, {})
+    error = RuntimeError("training diverged: loss is nan")
+    error.hint = "lower the learning rate"
+    error.partial_history = [{"epoch": 1, "loss": 0.9, "seconds": 1.0}, {"epoch": 2, "loss": 0.5, "seconds": 1.0}]
+    records.mark_failed(run_id, "Student", error, "Student.")
+    summary = records.load(run_id)
+    assert summary.status == "FAILED" and summary.tags["hpml.failed_node"] == "Student"
+    assert summary.tags["hpml.error"] == "RuntimeError: training diverged: loss is nan"
+    assert summary.tags["hpml.error_hint"] == "lower the learning rate"
+    assert records.history(run_id, "Student.loss") == [(1, 0.9), (2, 0.5)]
+
+
 def test_resolve_takes_a_run_id_a_unique_prefix_of_one_or_a_run_name():
     name = f"it's \"quoted\" {uuid.uuid4().hex[:8]} 100% \\"
     run_id = records.start("resolve_test", name, {}, {})

@@ -113,13 +113,18 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                input_pipeline_dir=inputs.get("input_pipeline"),
                                **({distill_mode.CONFIG_KEY: distillation.to_dict()} if distillation else {})),
         )
-        if cluster is not None:
-            launch = _launch_remote(fn_args, params, plan, cluster, outputs["model"])
-        elif distributed:
-            launch = _launch_local(fn_args, params, plan)
-        else:
-            _run_in_process(load_function(params["module"], run_fn_name), fn_args,
-                            spec.compression if spec else "GZIP")
+        try:
+            if cluster is not None:
+                launch = _launch_remote(fn_args, params, plan, cluster, outputs["model"])
+            elif distributed:
+                launch = _launch_local(fn_args, params, plan)
+            else:
+                _run_in_process(load_function(params["module"], run_fn_name), fn_args,
+                                spec.compression if spec else "GZIP")
+        except BaseException as err:
+            # The epochs that finished, for the run record: this model_run is never published.
+            err.partial_history = read_metrics(run_dir)
+            raise
         if not os.path.isdir(fn_args.serving_model_dir):
             raise SpecError(
                 f"run_fn finished but wrote no model to serving_model_dir ({fn_args.serving_model_dir})",
