@@ -92,6 +92,8 @@ def test_failed_attempt_leaves_nothing_and_retry_succeeds(penguin_outputs, tmp_p
             marker = os.path.join(fn_args.working_dir, "attempted")
             if not os.path.exists(marker):
                 open(marker, "w").write("1")
+                # Killed while writing its metrics: the half line must not hide the real error.
+                open(os.path.join(fn_args.model_run_dir, "metrics.jsonl"), "w").write('{"epoch": 1, "lo')
                 raise RuntimeError("worker lost")
             open(os.path.join(fn_args.serving_model_dir, "saved_model.pb"), "w").write("ok")
     '''), "flaky.py")

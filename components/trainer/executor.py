@@ -123,7 +123,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                 spec.compression if spec else "GZIP")
         except BaseException as err:
             # The epochs that finished, for the run record: this model_run is never published.
-            err.partial_history = read_metrics(run_dir)
+            try:
+                err.partial_history = read_metrics(run_dir)
+            except (OSError, ValueError) as unreadable:  # e.g. a line cut short by a killed worker
+                log.warning("the finished epochs' metrics could not be read: %s", unreadable)
             raise
         if not os.path.isdir(fn_args.serving_model_dir):
             raise SpecError(
