@@ -178,14 +178,15 @@ def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException, metric_p
     """Closes the record as FAILED with the error and its hint, and the per-epoch metrics of the epochs that
     finished before it (a Trainer puts them on the error as `partial_history`)."""
     mlflow_client = client()
-    history = getattr(error, "partial_history", None) or []
-    if history:
-        mlflow_client.log_batch(mlflow_run_id, metrics=_history_metrics(history, int(time.time() * 1000),
-                                                                         metric_prefix))
+    # The error first: a task being stopped may be killed seconds later (Airflow: SIGKILL 5 s after SIGTERM).
     mlflow_client.set_tag(mlflow_run_id, "hpml.failed_node", node_id)
     mlflow_client.set_tag(mlflow_run_id, "hpml.error", f"{type(error).__name__}: {error}"[:5000])
     if getattr(error, "hint", None):
         mlflow_client.set_tag(mlflow_run_id, "hpml.error_hint", str(error.hint)[:5000])
+    history = getattr(error, "partial_history", None) or []
+    if history:
+        mlflow_client.log_batch(mlflow_run_id, metrics=_history_metrics(history, int(time.time() * 1000),
+                                                                         metric_prefix))
     mlflow_client.set_terminated(mlflow_run_id, status="FAILED")
 
 
