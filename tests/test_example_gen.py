@@ -6,6 +6,7 @@ import os
 
 import pytest
 import tensorflow as tf
+from tensorflow_metadata.proto.v0 import schema_pb2
 
 from components.errors import InputDataError, SpecError
 from components.example_gen import EXAMPLE_GEN
@@ -503,6 +504,23 @@ def test_infinity_is_a_bad_row_in_any_column_read_as_numbers(tmp_path):
     assert len(examples) == 29 and len(values) == 29 and all(math.isfinite(v) for v in values)
 
 
+def test_a_skipped_infinity_leaves_its_column_kind_alone(tmp_path):
+    """A skipped row must not shape the data that is kept: an 'inf' in the integer column 'year' used to turn
+    every year into a float, and a schema_path saying INT then refused data whose every kept value is an int."""
+    rows = _rows(30)
+    rows[4] = "Adelie,Dream,31.0,inf"
+    csv = write_csv(tmp_path / "inf_year.csv", HEADER, rows)
+    with pytest.raises(InputDataError, match=r"inf_year.csv:6: column 'year' must hold a finite number, got 'inf'$"):
+        _run(tmp_path, {"input_path": csv}, "inf_refused")
+    props, out = _run(tmp_path, {"input_path": csv, "skip_bad_rows": True}, "inf_skipped")
+    assert props["bad_rows"] == 1
+    examples = _read(out["examples"] + "/Split-*/*.gz")
+    assert sorted({v for e in examples for v in e.features.feature["year"].int64_list.value}) == [2007, 2008, 2009]
+    assert len(examples) == 29
+    schema = {f.name: f for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature}
+    assert schema["year"].type == schema_pb2.INT
+
+
 def test_nan_is_missing_in_any_column_read_as_numbers(tmp_path):
     """Declared numeric or not: 'year' is not in numeric_columns here, and its NaN cells used to become NaN
     values, which turn tf.Transform's mean of the column into NaN."""
@@ -512,8 +530,8 @@ def test_nan_is_missing_in_any_column_read_as_numbers(tmp_path):
     _, out = _run(tmp_path, {"input_path": csv}, "nan_year")
     examples = _read(out["examples"] + "/Split-*/*.gz")
     assert len(examples) == 30 and sum("year" not in e.features.feature for e in examples) == 2
-    years = [v for e in examples for v in e.features.feature["year"].float_list.value]
-    assert len(years) == 28 and all(v == v for v in years), "no NaN may reach the examples"
+    years = [v for e in examples for v in e.features.feature["year"].int64_list.value]
+    assert len(years) == 28, "a missing value leaves the column's kind alone: the years stay integers"
     schema = {f.name: f for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature}
     assert not schema["year"].HasField("shape"), "two rows lack a year, so it is a VarLen feature"
 

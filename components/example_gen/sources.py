@@ -173,6 +173,15 @@ def _kind_of(text: str) -> int:
         return BYTES
 
 
+def _column_kind_of(text: str) -> int:
+    """The kind a cell asks of its column. NaN and the infinities are numbers that ask for no float: NaN is a
+    missing value and an infinity's row is refused, so neither may widen a column of integers to floats."""
+    kind = _kind_of(text)
+    if kind == FLOAT and not math.isfinite(float(text)):
+        return INT
+    return kind
+
+
 class ReadCsvRows(beam.DoFn):
     """Yields (file, line, {column: text or None}); a row of the wrong width, with bytes its encoding cannot
     decode, without a value in a required column, or with a non-number or an infinity in a numeric column, is
@@ -251,7 +260,7 @@ class ReadCsvRows(beam.DoFn):
 
 
 class ColumnKinds(beam.CombineFn):
-    """The narrowest kind (int, float or bytes) that holds every non-missing value of each column."""
+    """The narrowest kind (int, float or bytes) that holds every non-missing, finite value of each column."""
 
     def __init__(self, header: Sequence[str]):
         self._header = list(header)
@@ -264,7 +273,7 @@ class ColumnKinds(beam.CombineFn):
         for i, name in enumerate(self._header):
             value = values[name]
             if value is not None and acc[i] != BYTES:
-                acc[i] = max(acc[i], _kind_of(value))
+                acc[i] = max(acc[i], _column_kind_of(value))
         return acc
 
     def merge_accumulators(self, accs):
@@ -300,20 +309,22 @@ class CsvRowsToExamples(beam.DoFn):
             if text is None:
                 continue
             kind = kinds[name]
+            if kind == BYTES:
+                example.features.feature[name].bytes_list.value.append(text.encode("utf-8"))
+                continue
+            number = float(text)
+            if math.isnan(number):
+                continue
+            if math.isinf(number):
+                problem = f"column {name!r} must hold a finite number, got {text!r}"
+                if self._skip:
+                    self._skipped.skip(f"{path}:{line}", problem)
+                    return
+                raise InputDataError(f"{path}:{line}: {problem}", hint="fix the row, or set skip_bad_rows=true")
             if kind == INT:
                 example.features.feature[name].int64_list.value.append(int(text))
-            elif kind == FLOAT:
-                number = float(text)
-                if math.isinf(number):
-                    problem = f"column {name!r} must hold a finite number, got {text!r}"
-                    if self._skip:
-                        self._skipped.skip(f"{path}:{line}", problem)
-                        return
-                    raise InputDataError(f"{path}:{line}: {problem}", hint="fix the row, or set skip_bad_rows=true")
-                if not math.isnan(number):
-                    example.features.feature[name].float_list.value.append(number)
             else:
-                example.features.feature[name].bytes_list.value.append(text.encode("utf-8"))
+                example.features.feature[name].float_list.value.append(number)
         # Deterministic: map order would otherwise vary per process, and the hash split with it.
         yield path, line, example.SerializeToString(deterministic=True)
 
