@@ -44,6 +44,7 @@ bench: env
 	$(VENV)/bin/python benchmarks/gpipe.py
 	$(VENV)/bin/python benchmarks/distillation.py
 	$(VENV)/bin/python benchmarks/input_pipeline.py
+	$(VENV)/bin/python benchmarks/callbacks.py
 
 # The input pipeline benchmark alone (B1-B3; about 30 minutes on 2 cores).
 bench-input: env

@@ -200,7 +200,7 @@ def cmd_report(args) -> int:
     return 0
 
 
-BENCHMARKS = ("distributed", "gpipe", "distillation", "input_pipeline")
+BENCHMARKS = ("distributed", "gpipe", "distillation", "input_pipeline", "callbacks")
 
 
 def cmd_bench(args) -> int:
