@@ -11,6 +11,7 @@ then loads without TensorFlow or Beam.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -74,6 +75,8 @@ class ComponentSpec:
                 raise SpecError(
                     f"{self.name}: parameter {name!r} must be {expected}, got {type(value).__name__} {value!r}"
                 )
+            if isinstance(value, float) and not math.isfinite(value):  # NaN would pass any range check
+                raise SpecError(f"{self.name}: parameter {name!r} must be a finite number, got {value!r}")
             if param.choices and value not in param.choices:
                 raise SpecError(
                     f"{self.name}: parameter {name!r} is {value!r}; choose one of {', '.join(map(str, param.choices))}"

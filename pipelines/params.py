@@ -3,6 +3,7 @@ the local runner and the Airflow trigger form alike."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Mapping
 
@@ -107,6 +108,9 @@ def defaults(schema: Mapping) -> dict[str, Any]:
 def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults filled in, every value checked against the schema, data paths confined."""
     merged = {**defaults(schema), **dict(values)}
+    for name, value in merged.items():  # NaN compares false with both bounds: the schema would let it by
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(f"parameter {name!r}: {value} is not a finite number", hint=_hint(schema, None, name))
     validator = jsonschema.Draft7Validator(schema)
     errors = sorted(validator.iter_errors(merged), key=lambda e: list(e.path))
     if errors:

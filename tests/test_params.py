@@ -24,6 +24,8 @@ def test_defaults_fill_in_and_validate(penguin_csv):
         ({"learning_rate": 0}, "'learning_rate': 0 is less than or equal to the minimum of 0"),
         ({"batch_sise": 3}, "Additional properties are not allowed"),
         ({"encoding": "latin-9000"}, "'encoding': unknown text encoding 'latin-9000'"),
+        # NaN compares false with both bounds, so the schema's range let it through to the first training step.
+        ({"learning_rate": float("nan")}, "'learning_rate': nan is not a finite number"),
     ],
 )
 def test_invalid_values_name_the_field(bad, message):
@@ -53,6 +55,21 @@ def test_values_that_cannot_work_together_are_refused_before_any_work(values, me
     with pytest.raises(SpecError) as err:
         params.validate(SCHEMA, values)
     assert message in str(err.value) and err.value.hint
+
+
+def test_a_nan_or_infinite_number_is_refused_in_every_pipeline_and_component():
+    """NaN passes any range check, since it compares false with both bounds; an infinite temperature passed
+    'must be > 0'. Both then ran ExampleGen and Transform before training diverged."""
+    from components.soft_targets import SOFT_TARGETS
+    from pipelines.distillation import PIPELINE as DISTILLATION
+
+    with pytest.raises(SpecError, match="parameter 'temperature': nan is not a finite number"):
+        params.validate(DISTILLATION.params_schema, {"temperature": float("nan")})
+    with pytest.raises(SpecError, match="parameter 'alpha': nan is not a finite number"):
+        params.validate(DISTILLATION.params_schema, {"alpha": float("nan")})
+    with pytest.raises(SpecError, match="SoftTargets: parameter 'temperature' must be a finite number, got inf"):
+        SOFT_TARGETS.resolve_params({"label_key": "species", "temperature": float("inf")})
+    assert SOFT_TARGETS.resolve_params({"label_key": "species", "temperature": 2.5})["temperature"] == 2.5
 
 
 def test_parameter_servers_are_a_pipeline_parameter_that_reaches_the_trainer(penguin_csv):
