@@ -109,7 +109,7 @@ def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults filled in, every value checked against the schema, data paths confined."""
     merged = {**defaults(schema), **dict(values)}
     for name, value in merged.items():  # NaN compares false with both bounds: the schema would let it by
-        if isinstance(value, float) and not math.isfinite(value):
+        if name in schema["properties"] and isinstance(value, float) and not math.isfinite(value):
             raise SpecError(f"parameter {name!r}: {value} is not a finite number", hint=_hint(schema, None, name))
     validator = jsonschema.Draft7Validator(schema)
     errors = sorted(validator.iter_errors(merged), key=lambda e: list(e.path))
