@@ -521,6 +521,41 @@ def test_a_skipped_infinity_leaves_its_column_kind_alone(tmp_path):
     assert schema["year"].type == schema_pb2.INT
 
 
+@pytest.mark.parametrize("numeric_columns", [[], ["bill_length_mm"]], ids=["inferred", "declared"])
+def test_a_number_beyond_float32_is_a_bad_row_like_an_infinity(tmp_path, numeric_columns):
+    """A tf.Example holds 32-bit floats: '1e39' passed the infinity check as a 64-bit float and was stored as
+    inf, which turns the column's mean and every z-score into NaN."""
+    rows = _rows(30)
+    rows[5] = "Adelie,Dream,-1e39,2007"
+    csv = write_csv(tmp_path / "big.csv", HEADER, rows)
+    params = {"input_path": csv, "numeric_columns": numeric_columns}
+    with pytest.raises(InputDataError, match=r"big.csv:7: column 'bill_length_mm' holds '-1e39', beyond the "
+                                             r"±3.4e38 range of the 32-bit floats a tf.Example stores$"):
+        _run(tmp_path, params, "refused")
+    props, out = _run(tmp_path, {**params, "skip_bad_rows": True}, "skipped")
+    assert props["bad_rows"] == 1
+    values = [v for e in _read(out["examples"] + "/Split-*/*.gz") for v in e.features.feature["bill_length_mm"]
+              .float_list.value]
+    assert len(values) == 29 and all(math.isfinite(v) for v in values)
+
+
+def test_an_integer_beyond_64_bits_makes_its_column_text_as_tfx_reads_it(tmp_path):
+    """Long integers are identifiers more often than quantities; TFX's CSV decoder reads them as text. This
+    one used to stop ExampleGen with a bare 'Value out of range', naming neither file nor row."""
+    rows = _rows(30)
+    rows[5] = "Adelie,Dream,31.5,99999999999999999999"
+    csv = write_csv(tmp_path / "wide.csv", HEADER, rows)
+    _, out = _run(tmp_path, {"input_path": csv}, "wide")
+    years = sorted(v.decode() for e in _read(out["examples"] + "/Split-*/*.gz")
+                   for v in e.features.feature["year"].bytes_list.value)
+    assert len(years) == 30 and years[0] == "2007" and years[-1] == "99999999999999999999"
+    schema = {f.name: f for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature}
+    assert schema["year"].type == schema_pb2.BYTES
+    with pytest.raises(InputDataError, match=r"wide.csv:7: column 'year' must hold a number, got "
+                                             r"'99999999999999999999' \(an integer beyond 64 bits\)$"):
+        _run(tmp_path, {"input_path": csv, "numeric_columns": ["year"]}, "declared")
+
+
 def test_nan_is_missing_in_any_column_read_as_numbers(tmp_path):
     """Declared numeric or not: 'year' is not in numeric_columns here, and its NaN cells used to become NaN
     values, which turn tf.Transform's mean of the column into NaN."""

@@ -24,6 +24,8 @@ LOGGED_BAD_ROWS = 5
 
 # Column kinds, ordered from narrowest to widest; a column takes the widest kind it needs.
 NONE, INT, FLOAT, BYTES = 0, 1, 2, 3
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_FLOAT32_MAX = 3.4028234663852886e38  # a tf.Example's float_list holds 32-bit floats
 
 
 def expand_inputs(pattern: str) -> list[str]:
@@ -162,8 +164,8 @@ def _kind_of(text: str) -> int:
     if "_" in text or not text.isascii():
         return BYTES
     try:
-        int(text)
-        return INT
+        # An integer beyond 64 bits is text, as TFX's CSV decoder reads it: more often an id than a quantity.
+        return INT if _INT64_MIN <= int(text) <= _INT64_MAX else BYTES
     except ValueError:
         pass
     try:
@@ -173,19 +175,42 @@ def _kind_of(text: str) -> int:
         return BYTES
 
 
+def _unstorable(text: str) -> str | None:
+    """Why a number cell cannot go into a tf.Example, or None: an infinity, or a finite number beyond the
+    range of float32, which a tf.Example stores as an infinity."""
+    number = float(text)
+    if math.isinf(number):
+        return f"must hold a finite number, got {text!r}"
+    if abs(number) > _FLOAT32_MAX:
+        return f"holds {text!r}, beyond the ±3.4e38 range of the 32-bit floats a tf.Example stores"
+    return None
+
+
+def _not_a_number(text: str) -> str:
+    """The problem with a text cell in a declared numeric column. A long integer reads as text (_kind_of)."""
+    detail = ""
+    if text.isascii() and "_" not in text:
+        try:
+            int(text)
+            detail = " (an integer beyond 64 bits)"
+        except ValueError:
+            pass
+    return f"must hold a number, got {text!r}{detail}"
+
+
 def _column_kind_of(text: str) -> int:
-    """The kind a cell asks of its column. NaN and the infinities are numbers that ask for no float: NaN is a
-    missing value and an infinity's row is refused, so neither may widen a column of integers to floats."""
+    """The kind a cell asks of its column. NaN and unstorable numbers ask for no float: NaN is a missing
+    value and an unstorable number's row is refused, so neither may widen a column of integers to floats."""
     kind = _kind_of(text)
-    if kind == FLOAT and not math.isfinite(float(text)):
+    if kind == FLOAT and (math.isnan(float(text)) or _unstorable(text)):
         return INT
     return kind
 
 
 class ReadCsvRows(beam.DoFn):
     """Yields (file, line, {column: text or None}); a row of the wrong width, with bytes its encoding cannot
-    decode, without a value in a required column, or with a non-number or an infinity in a numeric column, is
-    an error or is skipped and counted."""
+    decode, without a value in a required column, or with a non-number, an infinity or a number beyond float32
+    in a numeric column, is an error or is skipped and counted."""
 
     def __init__(self, header: Sequence[str], na_values: Sequence[str], skip_bad_rows: bool,
                  required_columns: Sequence[str] = (), numeric_columns: Sequence[str] = (),
@@ -226,10 +251,11 @@ class ReadCsvRows(beam.DoFn):
                 return f"required column {name!r} has no value"
         for name in self._numeric:
             value = values[name]
-            if value is not None and _kind_of(value) == BYTES:
-                return f"column {name!r} must hold a number, got {value!r}"
-            if value is not None and math.isinf(float(value)):
-                return f"column {name!r} must hold a finite number, got {value!r}"
+            if value is None:
+                continue
+            problem = _not_a_number(value) if _kind_of(value) == BYTES else _unstorable(value)
+            if problem:
+                return f"column {name!r} {problem}"
         return None
 
     def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
@@ -291,8 +317,8 @@ class CsvRowsToExamples(beam.DoFn):
 
     In a column read as numbers, NaN is missing too, declared numeric or not: pandas writes a missing
     number as NaN, and one NaN value turns tf.Transform's mean of the column, and every z-score from it,
-    into NaN. An infinity there does the same, and it is no missing value: its row is bad, an error or
-    skipped and counted. ReadCsvRows already refused it in a declared numeric column; the others are only
+    into NaN. An infinity there does the same, as does a number beyond float32, which a tf.Example stores as
+    one; neither is a missing value: its row is bad, an error or skipped and counted. ReadCsvRows already refused it in a declared numeric column; the others are only
     known to hold numbers once every row has been read, so it is checked here.
     """
 
@@ -315,8 +341,9 @@ class CsvRowsToExamples(beam.DoFn):
             number = float(text)
             if math.isnan(number):
                 continue
-            if math.isinf(number):
-                problem = f"column {name!r} must hold a finite number, got {text!r}"
+            problem = _unstorable(text)
+            if problem:
+                problem = f"column {name!r} {problem}"
                 if self._skip:
                     self._skipped.skip(f"{path}:{line}", problem)
                     return
