@@ -70,8 +70,10 @@ class ComponentSpec:
                 raise SpecError(f"{self.name}: parameter {name!r} is required", hint=param.help or None)
             else:
                 value = param.default
-            if value is not None and not isinstance(value, param.type):
-                expected = getattr(param.type, "__name__", str(param.type))
+            types = param.type if isinstance(param.type, tuple) else (param.type,)
+            # Python's bool is an int: num_workers=True would quietly mean 1.
+            if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
+                expected = " or ".join(t.__name__ for t in types)
                 raise SpecError(
                     f"{self.name}: parameter {name!r} must be {expected}, got {type(value).__name__} {value!r}"
                 )

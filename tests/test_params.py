@@ -72,6 +72,18 @@ def test_a_nan_or_infinite_number_is_refused_in_every_pipeline_and_component():
     assert SOFT_TARGETS.resolve_params({"label_key": "species", "temperature": 2.5})["temperature"] == 2.5
 
 
+def test_a_bool_is_not_a_number_parameter():
+    """Python's True is an int, so num_workers=True used to train with one worker."""
+    from components.trainer import TRAINER
+
+    with pytest.raises(SpecError, match="Trainer: parameter 'num_workers' must be int, got bool True"):
+        TRAINER.resolve_params({"module": "m.py", "num_workers": True})
+    with pytest.raises(SpecError, match="SoftTargets: parameter 'temperature' must be int or float, got bool False"):
+        from components.soft_targets import SOFT_TARGETS
+        SOFT_TARGETS.resolve_params({"label_key": "species", "temperature": False})
+    assert TRAINER.resolve_params({"module": "m.py", "num_workers": 2})["num_workers"] == 2
+
+
 def test_parameter_servers_are_a_pipeline_parameter_that_reaches_the_trainer(penguin_csv):
     values = params.validate(SCHEMA, {"num_ps": 1, "num_workers": 2})
     trainer = PIPELINE.node("Trainer").params(values)
