@@ -283,6 +283,11 @@ def test_bytes_or_nan_in_a_numeric_tfrecord_feature_names_the_record(tmp_path):
     with pytest.raises(InputDataError, match=r"mixed.tfrecord: record 5: feature 'x' must hold finite numbers, "
                                              r"got \[nan\] \(leave the feature out where its value is missing\)$"):
         _run(tmp_path, params, "nan")
+    # Declared or not: a float feature is a number column, as an inferred CSV column is.
+    with pytest.raises(InputDataError, match=r"mixed.tfrecord: record 5: feature 'x' must hold finite numbers"):
+        _run(tmp_path, dict(params, numeric_columns=[]), "nan_undeclared")
+    props, _ = _run(tmp_path, dict(params, numeric_columns=[], skip_bad_rows=True), "nan_skipped")
+    assert props["bad_rows"] == 1 and sum(props["split_counts"].values()) == 19
 
 
 def test_the_penguin_pipeline_declares_its_numeric_columns(tmp_path, penguin_csv):

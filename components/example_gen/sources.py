@@ -367,8 +367,8 @@ class ReadTFRecordExamples(beam.DoFn):
         self._skipped = _SkippedRows()
 
     def _problem(self, record: bytes) -> str | None:
-        """What is wrong with a record, or None: not a tf.Example, no value in a required feature, or
-        bytes, NaN or an infinity in a numeric one."""
+        """What is wrong with a record, or None: not a tf.Example, no value in a required feature, bytes in
+        a declared numeric one, or NaN or an infinity in any float feature (declared or not, as in CSV)."""
         import tensorflow as tf
 
         try:
@@ -384,7 +384,8 @@ class ReadTFRecordExamples(beam.DoFn):
             feature = example.features.feature.get(name)
             if feature is not None and feature.WhichOneof("kind") == "bytes_list":
                 return f"feature {name!r} must hold numbers, got bytes_list {list(feature.bytes_list.value)[:3]!r}"
-            if feature is not None and not all(math.isfinite(v) for v in feature.float_list.value):
+        for name, feature in sorted(example.features.feature.items()):
+            if not all(math.isfinite(v) for v in feature.float_list.value):
                 # A NaN turns the feature's mean, and every z-score from it, into NaN; a tf.Example says
                 # "missing" by leaving the feature out.
                 return (f"feature {name!r} must hold finite numbers, got {list(feature.float_list.value)[:3]!r} "
