@@ -109,6 +109,32 @@ def test_features_left_with_one_value_are_named(tmp_path, penguin_csv, caplog):
     assert len(values["bill_depth_mm"]) > 50, "the other features vary and are not named"
 
 
+LOG_MODULE = '''import tensorflow as tf
+import tensorflow_transform as tft
+
+
+def log_of_the_offset_length(inputs):
+    length = tft.sparse_tensor_to_dense_with_shape(inputs["bill_length_mm"], [None, 1], default_value=45.0)
+    return {"log_length": tf.math.log(length - 40.0), "year": inputs["year"], "species": inputs["species"]}
+'''
+
+
+def test_non_finite_transformed_values_stop_transform_naming_the_feature(penguin_outputs, tmp_path):
+    """A log of zero or of a negative number in a preprocessing_fn gave -inf or NaN features, which passed
+    Transform silently, for the Trainer to fail on as a diverged loss with a hint about the learning rate."""
+    module = tmp_path / "module.py"
+    module.write_text(LOG_MODULE)
+    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"],
+              "schema": penguin_outputs["ExampleGen"]["schema"]}
+    outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with pytest.raises(InputDataError, match=r"^Transform: preprocessing_fn made feature 'log_length' NaN or "
+                                             r"infinite in (\d+) of 2\d\d train values and (\d+) of 1\d\d eval "
+                                             r"values$") as err:
+        TRANSFORM.run(inputs, outputs, {"module": str(module), "preprocessing_fn": "log_of_the_offset_length"})
+    assert "log of zero or of a negative number" in err.value.hint
+    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == [], "nothing is published"
+
+
 USER_MODULE = '''import tensorflow_transform as tft
 
 

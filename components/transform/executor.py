@@ -80,7 +80,8 @@ def _remove_scratch(path: str, attempts: int = 5) -> None:
 
 
 def _numeric_ranges(record_batch) -> dict:
-    """{feature: [min, max, values]} over one batch of transformed examples' numeric features."""
+    """{feature: [min, max, finite values, non-finite values]} over one batch of transformed examples' numeric
+    features; min and max are of the finite values (None where there are none)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -89,16 +90,29 @@ def _numeric_ranges(record_batch) -> dict:
         values = column.flatten() if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) else column
         if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
             continue
+        non_finite = 0
         if pa.types.is_floating(values.type):
-            values = values.filter(pc.invert(pc.is_nan(values)))
+            finite = pc.is_finite(values)
+            non_finite = pc.sum(pc.invert(finite)).as_py() or 0
+            values = values.filter(finite)
         extremes = pc.min_max(values)
-        if extremes["min"].is_valid:
-            ranges[name] = [extremes["min"].as_py(), extremes["max"].as_py(), len(values) - values.null_count]
+        count = len(values) - values.null_count
+        if count or non_finite:
+            ranges[name] = [extremes["min"].as_py(), extremes["max"].as_py(), count, non_finite]
     return ranges
 
 
+def _merge_range(mine: list | None, other: list) -> list:
+    if mine is None:
+        return list(other)
+    low = [v for v in (mine[0], other[0]) if v is not None]
+    high = [v for v in (mine[1], other[1]) if v is not None]
+    return [min(low) if low else None, max(high) if high else None, mine[2] + other[2], mine[3] + other[3]]
+
+
 class _FeatureRanges(beam.CombineFn):
-    """Each numeric feature's smallest and largest value, and how many values it has, over a split."""
+    """Per split, each numeric feature's smallest and largest finite value, and how many finite and non-finite
+    values it has: {split: {feature: [min, max, finite, non-finite]}}."""
 
     def create_accumulator(self):
         return {}
@@ -109,10 +123,10 @@ class _FeatureRanges(beam.CombineFn):
     def merge_accumulators(self, accs):
         merged = {}
         for acc in accs:
-            for name, (low, high, count) in acc.items():
-                mine = merged.get(name)
-                merged[name] = [low, high, count] if mine is None else \
-                    [min(mine[0], low), max(mine[1], high), mine[2] + count]
+            for split, features in acc.items():
+                mine = merged.setdefault(split, {})
+                for name, found in features.items():
+                    mine[name] = _merge_range(mine.get(name), found)
         return merged
 
     def extract_output(self, acc):
@@ -124,10 +138,30 @@ def _write_json(value, path: str) -> None:
         json.dump(value, handle)
 
 
-def _constant_features(ranges: Mapping[str, list]) -> list[str]:
-    """The numeric features that hold one value in every example that has them: the model can learn nothing
-    from them."""
-    return sorted(name for name, (low, high, count) in ranges.items() if count > 1 and low == high)
+def _constant_features(ranges: Mapping[str, Mapping[str, list]], splits) -> list[str]:
+    """The numeric features that hold one value in every example of `splits` that has them: the model can
+    learn nothing from them."""
+    merged = {}
+    for split in splits:
+        for name, found in ranges.get(split, {}).items():
+            merged[name] = _merge_range(merged.get(name), found)
+    return sorted(name for name, (low, high, count, _) in merged.items() if count > 1 and low == high)
+
+
+def _check_finite(ranges: Mapping[str, Mapping[str, list]], splits) -> None:
+    """Refuses transformed features holding NaN or an infinity: the raw examples hold none (ExampleGen refuses
+    them), so the preprocessing_fn made them, and training on them diverges at its first step."""
+    problems = []
+    for name in sorted({name for features in ranges.values() for name, found in features.items() if found[3]}):
+        counts = [f"{found[3]} of {found[2] + found[3]} {split} values"
+                  for split in splits if (found := ranges.get(split, {}).get(name)) and found[3]]
+        problems.append(f"feature {name!r} NaN or infinite in {' and '.join(counts)}")
+    if not problems:
+        return
+    raise InputDataError(
+        "Transform: preprocessing_fn made " + "; ".join(problems),
+        hint="look for a log of zero or of a negative number, a division by zero or a square root of a negative "
+             "number in preprocessing_fn (tf.math.log1p, tf.math.divide_no_nan or clipping guard against them)")
 
 
 def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
@@ -177,8 +211,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                     (pipeline | f"Read[{split}]" >> src.BeamSource(), src.TensorAdapterConfig()),
                     transform_fn,
                 ) | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True)
-                if split in params["analyze_splits"]:
-                    ranges.append(transformed | f"Ranges[{split}]" >> beam.Map(lambda b: _numeric_ranges(b[0])))
+                ranges.append(transformed | f"Ranges[{split}]" >> beam.Map(
+                    lambda batch, split=split: {split: _numeric_ranges(batch[0])}))
                 _ = (
                     transformed
                     | f"Encode[{split}]" >> beam.FlatMap(lambda batch: example_coder.RecordBatchToExamples(batch[0]))
@@ -194,8 +228,11 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                  | "WriteRanges" >> beam.Map(_write_json, ranges_path))
             run_pipeline(pipeline)
         with open(ranges_path, encoding="utf-8") as handle:
-            constant = _constant_features(json.load(handle))
+            ranges = json.load(handle)
         _remove_scratch(os.path.join(graph_dir, ".tft_tmp"))
+        analyzed = list(params["analyze_splits"])
+        _check_finite(ranges, analyzed + [split for split in splits if split not in analyzed])
+        constant = _constant_features(ranges, params["analyze_splits"])
         if constant:
             log.warning(
                 "Transform: feature(s) %s hold one value in every transformed %s example, so the model can learn "
