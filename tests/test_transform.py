@@ -135,6 +135,27 @@ def test_non_finite_transformed_values_stop_transform_naming_the_feature(penguin
     assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == [], "nothing is published"
 
 
+def test_an_output_without_a_static_shape_is_named_before_any_work(penguin_outputs, tmp_path):
+    """tf.sparse.to_dense gives (None, None). tf.Transform refused it only while writing its SavedModel, as a
+    bare ValueError inside a Beam stack trace that named neither the module nor the function."""
+    module = tmp_path / "module.py"
+    module.write_text('''import tensorflow as tf
+
+
+def densifies_without_a_shape(inputs):
+    return {"length": tf.sparse.to_dense(inputs["bill_length_mm"]), "species": inputs["species"]}
+''')
+    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"],
+              "schema": penguin_outputs["ExampleGen"]["schema"]}
+    outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with pytest.raises(SpecError, match=r"^Transform: preprocessing_fn's output 'length' has shape \(None, None\) "
+                                        r"\(densifies_without_a_shape, /.*/module.py:4\): apart from the batch "
+                                        r"dimension, every dimension must have a known size$") as err:
+        TRANSFORM.run(inputs, outputs, {"module": str(module), "preprocessing_fn": "densifies_without_a_shape"})
+    assert "tft.sparse_tensor_to_dense_with_shape" in err.value.hint
+    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == [], "nothing is published"
+
+
 USER_MODULE = '''import tensorflow_transform as tft
 
 

@@ -53,7 +53,7 @@ def _guarded(preprocessing_fn, schema):
     @functools.wraps(preprocessing_fn)
     def checked(inputs):
         try:
-            return preprocessing_fn(inputs)
+            outputs = preprocessing_fn(inputs)
         except Exception as err:  # noqa: BLE001 - any failure in user code is reported the same way
             where = failing_line(err, preprocessing_fn)
             if isinstance(err, KeyError) and err.args and isinstance(err.args[0], str) and err.args[0] not in inputs:
@@ -61,8 +61,30 @@ def _guarded(preprocessing_fn, schema):
                                 f"examples do not have ({where})", hint=hint) from err
             raise SpecError(f"Transform: preprocessing_fn failed at {where}: {type(err).__name__}: {err}",
                             hint=hint) from err
+        _check_output_shapes(outputs, preprocessing_fn)
+        return outputs
 
     return checked
+
+
+def _check_output_shapes(outputs, preprocessing_fn) -> None:
+    """A dense output needs a known size in every dimension but the batch one. tf.Transform finds out only
+    when it writes its SavedModel, after the analysis, as a bare ValueError deep in a Beam stack trace."""
+    import tensorflow as tf
+
+    if not isinstance(outputs, Mapping):
+        return  # tf.Transform's own error says what it expects
+    for name, value in outputs.items():
+        if not isinstance(value, tf.Tensor) or (value.shape.rank is not None and None not in value.shape[1:]):
+            continue
+        code = getattr(preprocessing_fn, "__code__", None)
+        where = f" ({preprocessing_fn.__name__}, {code.co_filename}:{code.co_firstlineno})" if code else ""
+        shape = "unknown" if value.shape.rank is None else str(tuple(value.shape.as_list()))
+        raise SpecError(
+            f"Transform: preprocessing_fn's output {name!r} has shape {shape}{where}: apart from the batch "
+            "dimension, every dimension must have a known size",
+            hint="give it one: tft.sparse_tensor_to_dense_with_shape(x, [None, 1]) for a sparse input, or "
+                 "tf.reshape(x, [-1, n]); return a tf.SparseTensor or tf.RaggedTensor for a varying length")
 
 
 def _remove_scratch(path: str, attempts: int = 5) -> None:
