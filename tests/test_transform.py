@@ -109,54 +109,8 @@ def test_features_left_with_one_value_are_named(tmp_path, penguin_csv, caplog):
     assert len(values["bill_depth_mm"]) > 50, "the other features vary and are not named"
 
 
-LOG_MODULE = '''import tensorflow as tf
+USER_MODULE = '''import tensorflow as tf
 import tensorflow_transform as tft
-
-
-def log_of_the_offset_length(inputs):
-    length = tft.sparse_tensor_to_dense_with_shape(inputs["bill_length_mm"], [None, 1], default_value=45.0)
-    return {"log_length": tf.math.log(length - 40.0), "year": inputs["year"], "species": inputs["species"]}
-'''
-
-
-def test_non_finite_transformed_values_stop_transform_naming_the_feature(penguin_outputs, tmp_path):
-    """A log of zero or of a negative number in a preprocessing_fn gave -inf or NaN features, which passed
-    Transform silently, for the Trainer to fail on as a diverged loss with a hint about the learning rate."""
-    module = tmp_path / "module.py"
-    module.write_text(LOG_MODULE)
-    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"],
-              "schema": penguin_outputs["ExampleGen"]["schema"]}
-    outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
-    with pytest.raises(InputDataError, match=r"^Transform: preprocessing_fn made feature 'log_length' NaN or "
-                                             r"infinite in (\d+) of 2\d\d train values and (\d+) of 1\d\d eval "
-                                             r"values$") as err:
-        TRANSFORM.run(inputs, outputs, {"module": str(module), "preprocessing_fn": "log_of_the_offset_length"})
-    assert "log of zero or of a negative number" in err.value.hint
-    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == [], "nothing is published"
-
-
-def test_an_output_without_a_static_shape_is_named_before_any_work(penguin_outputs, tmp_path):
-    """tf.sparse.to_dense gives (None, None). tf.Transform refused it only while writing its SavedModel, as a
-    bare ValueError inside a Beam stack trace that named neither the module nor the function."""
-    module = tmp_path / "module.py"
-    module.write_text('''import tensorflow as tf
-
-
-def densifies_without_a_shape(inputs):
-    return {"length": tf.sparse.to_dense(inputs["bill_length_mm"]), "species": inputs["species"]}
-''')
-    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"],
-              "schema": penguin_outputs["ExampleGen"]["schema"]}
-    outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
-    with pytest.raises(SpecError, match=r"^Transform: preprocessing_fn's output 'length' has shape \(None, None\) "
-                                        r"\(densifies_without_a_shape, /.*/module.py:4\): apart from the batch "
-                                        r"dimension, every dimension must have a known size$") as err:
-        TRANSFORM.run(inputs, outputs, {"module": str(module), "preprocessing_fn": "densifies_without_a_shape"})
-    assert "tft.sparse_tensor_to_dense_with_shape" in err.value.hint
-    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == [], "nothing is published"
-
-
-USER_MODULE = '''import tensorflow_transform as tft
 
 
 def reads_a_missing_feature(inputs):
@@ -165,25 +119,59 @@ def reads_a_missing_feature(inputs):
 
 def scales_a_string(inputs):
     return {"island": tft.scale_to_z_score(inputs["island"])}
+
+
+def log_of_the_offset_length(inputs):
+    length = tft.sparse_tensor_to_dense_with_shape(inputs["bill_length_mm"], [None, 1], default_value=45.0)
+    return {"log_length": tf.math.log(length - 40.0), "year": inputs["year"], "species": inputs["species"]}
+
+
+def densifies_without_a_shape(inputs):
+    return {"length": tf.sparse.to_dense(inputs["bill_length_mm"]), "species": inputs["species"]}
 '''
+
+
+def _refused(penguin_outputs, tmp_path, fn: str, error, match: str):
+    """What Transform raises for USER_MODULE's `fn` over the penguin examples, having published nothing."""
+    module = tmp_path / "module.py"
+    module.write_text(USER_MODULE)
+    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"],
+              "schema": penguin_outputs["ExampleGen"]["schema"]}
+    outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with pytest.raises(error, match=match) as err:
+        TRANSFORM.run(inputs, outputs, {"module": str(module), "preprocessing_fn": fn})
+    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == [], "nothing is published"
+    return err.value
 
 
 @pytest.mark.parametrize("fn, message, hint", [
     ("reads_a_missing_feature", r"Transform: preprocessing_fn reads feature 'body_mass_kg', which the raw "
-     r"examples do not have \(/.*/module\.py:5\)$", "the raw features are: bill_depth_mm (float), "),
-    ("scales_a_string", r"Transform: preprocessing_fn failed at /.*/module\.py:9: TypeError: Tensor type tf\.string "
+     r"examples do not have \(/.*/module\.py:6\)$", "the raw features are: bill_depth_mm (float), "),
+    ("scales_a_string", r"Transform: preprocessing_fn failed at /.*/module\.py:10: TypeError: Tensor type tf\.string "
      r"is not supported", "the raw features are: "),
 ])
 def test_a_failing_preprocessing_fn_names_its_line_and_the_raw_features(penguin_outputs, tmp_path, fn, message,
                                                                           hint):
     """A mistake in the user's preprocessing_fn surfaced as a bare `KeyError: 'body_mass_kg'` from deep in
     tf.Transform's tracing: no component, no line of the user's file, and no list of what the data holds."""
-    module = tmp_path / "module.py"
-    module.write_text(USER_MODULE)
-    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"],
-              "schema": penguin_outputs["ExampleGen"]["schema"]}
-    outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
-    with pytest.raises(SpecError, match=message) as err:
-        TRANSFORM.run(inputs, outputs, {"module": str(module), "preprocessing_fn": fn})
-    assert err.value.hint.startswith(hint) and "species (string)" in err.value.hint
-    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == []
+    error = _refused(penguin_outputs, tmp_path, fn, SpecError, message)
+    assert error.hint.startswith(hint) and "species (string)" in error.hint
+
+
+def test_an_output_without_a_static_shape_is_named_before_any_work(penguin_outputs, tmp_path):
+    """tf.sparse.to_dense gives (None, None). tf.Transform refused it only while writing its SavedModel, as a
+    bare ValueError inside a Beam stack trace that named neither the module nor the function."""
+    error = _refused(penguin_outputs, tmp_path, "densifies_without_a_shape", SpecError,
+                     r"^Transform: preprocessing_fn's output 'length' has shape \(None, None\) "
+                     r"\(densifies_without_a_shape, /.*/module.py:18\): apart from the batch dimension, every "
+                     r"dimension must have a known size$")
+    assert "tft.sparse_tensor_to_dense_with_shape" in error.hint
+
+
+def test_non_finite_transformed_values_stop_transform_naming_the_feature(penguin_outputs, tmp_path):
+    """A log of zero or of a negative number in a preprocessing_fn gave -inf or NaN features, which passed
+    Transform silently, for the Trainer to fail on as a diverged loss with a hint about the learning rate."""
+    error = _refused(penguin_outputs, tmp_path, "log_of_the_offset_length", InputDataError,
+                     r"^Transform: preprocessing_fn made feature 'log_length' NaN or infinite in (\d+) of 2\d\d "
+                     r"train values and (\d+) of 1\d\d eval values$")
+    assert "log of zero or of a negative number" in error.hint
