@@ -39,6 +39,26 @@ class Parameter:
         return self.default is _REQUIRED
 
 
+def non_empty(value: str) -> str | None:
+    """A check for a string parameter that names something: a module, a function, a path."""
+    return None if value.strip() else "must not be empty"
+
+
+def names(what: str, at_least_one: bool = False) -> Callable[[list], str | None]:
+    """A check for a list parameter of names (splits, columns): non-empty strings, each named once."""
+
+    def check(values: list) -> str | None:
+        if at_least_one and not values:
+            return f"needs at least one {what}"
+        for value in values:
+            if not isinstance(value, str) or not value.strip():
+                return f"each {what} must be a non-empty string, got {value!r}"
+        repeated = sorted({value for value in values if values.count(value) > 1})
+        return f"names {what} {', '.join(map(repr, repeated))} more than once" if repeated else None
+
+    return check
+
+
 @dataclass(frozen=True)
 class ComponentSpec:
     """What a component consumes, produces and is configured with."""

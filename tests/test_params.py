@@ -72,6 +72,31 @@ def test_a_nan_or_infinite_number_is_refused_in_every_pipeline_and_component():
     assert SOFT_TARGETS.resolve_params({"label_key": "species", "temperature": 2.5})["temperature"] == 2.5
 
 
+@pytest.mark.parametrize("spec_name, given, message", [
+    # Each was accepted, to fail later without naming the parameter: an empty module as "ValueError: Empty module
+    # name" from importlib, an empty or repeated analyze split inside the Beam pipeline's construction.
+    ("TRANSFORM", {"analyze_splits": []}, "parameter 'analyze_splits': needs at least one split"),
+    ("TRANSFORM", {"analyze_splits": ["train", "train"]}, "parameter 'analyze_splits': names split 'train' more "
+                                                          "than once"),
+    ("TRANSFORM", {"module": " "}, "parameter 'module': must not be empty"),
+    ("TRAINER", {"module": ""}, "parameter 'module': must not be empty"),
+    ("TRAINER", {"eval_splits": ["eval", 3]}, "parameter 'eval_splits': each split must be a non-empty string, got 3"),
+    ("EXAMPLE_GEN", {"input_path": ""}, "parameter 'input_path': must not be empty"),
+    ("EXAMPLE_GEN", {"numeric_columns": ["x", ""]}, "parameter 'numeric_columns': each column must be a non-empty "
+                                                    "string, got ''"),
+])
+def test_names_and_lists_of_names_are_checked(spec_name, given, message):
+    from components.trainer import TRAINER
+    from components.transform import TRANSFORM
+
+    spec = {"TRANSFORM": TRANSFORM, "TRAINER": TRAINER, "EXAMPLE_GEN": EXAMPLE_GEN}[spec_name]
+    base = {"input_path": "data.csv"} if spec is EXAMPLE_GEN else {"module": "m.py"}
+    with pytest.raises(SpecError) as err:
+        spec.resolve_params({**base, **given})
+    assert str(err.value) == f"{spec.name}: {message}"
+    assert spec.resolve_params(base), "the same spec without the bad value resolves"
+
+
 def test_a_bool_is_not_a_number_parameter():
     """Python's True is an int, so num_workers=True used to train with one worker."""
     from components.trainer import TRAINER

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from components import artifacts
-from components.spec import ComponentSpec, Parameter
+from components.spec import ComponentSpec, Parameter, names
 
 
 def _ensembles(value: dict) -> str | None:
@@ -19,7 +19,8 @@ EVALUATOR = ComponentSpec(
     outputs={"evaluation": artifacts.MODEL_EVALUATION},
     parameters={
         "label_key": Parameter(str, help="the raw label feature; compared with each model's `classes` output"),
-        "model_names": Parameter(list, help="one row name per model, in the order of the models input"),
+        "model_names": Parameter(list, check=names("model name", at_least_one=True),
+                                 help="one row name per model, in the order of the models input"),
         "split": Parameter(str, "eval"),
         "ensembles": Parameter(dict, {}, check=_ensembles,
                                help="row name -> model names whose probabilities are averaged"),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from components import artifacts
 from components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding
-from components.spec import ComponentSpec, Parameter
+from components.spec import ComponentSpec, Parameter, names, non_empty
 
 
 def _check_splits(splits: dict) -> str | None:
@@ -22,7 +22,7 @@ EXAMPLE_GEN = ComponentSpec(
     inputs={},
     outputs={"examples": artifacts.EXAMPLES, "schema": artifacts.SCHEMA},
     parameters={
-        "input_path": Parameter(str, help="a CSV/TFRecord file, a directory of them, or a glob"),
+        "input_path": Parameter(str, check=non_empty, help="a CSV/TFRecord file, a directory of them, or a glob"),
         "input_format": Parameter(str, "csv", choices=("csv", "tfrecord")),
         "splits": Parameter(dict, {"train": 2, "eval": 1}, check=_check_splits,
                             help="split name -> hash buckets; the default is train:eval 2:1"),
@@ -33,10 +33,12 @@ EXAMPLE_GEN = ComponentSpec(
         "encoding": Parameter(str, DEFAULT_ENCODING, check=check_encoding,
                               help="the CSV files' text encoding, e.g. latin-1 or cp1252; UTF-8 may start with a "
                                    "byte-order mark"),
-        "required_columns": Parameter(list, [], help="columns that every row must hold a value in, e.g. the "
-                                                     "label: a row without one is a bad row"),
-        "numeric_columns": Parameter(list, [], help="columns (or features) that must hold numbers: a value that "
-                                                    "is not one is a bad row, not a reason to read it as text"),
+        "required_columns": Parameter(list, [], check=names("column"),
+                                      help="columns that every row must hold a value in, e.g. the label: a row "
+                                           "without one is a bad row"),
+        "numeric_columns": Parameter(list, [], check=names("column"),
+                                     help="columns (or features) that must hold numbers: a value that is not one is "
+                                          "a bad row, not a reason to read it as text"),
         "schema_path": Parameter((str, type(None)), None, help="a schema.pbtxt the data must match"),
         "num_shards": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0",
                                 help="output shards per split; 0 lets the runner decide"),

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from components import artifacts
-from components.spec import ComponentSpec, Parameter
+from components.spec import ComponentSpec, Parameter, names, non_empty
 from components.trainer.strategies import STRATEGIES
 
 
@@ -33,10 +33,10 @@ TRAINER = ComponentSpec(
     list_inputs=frozenset({"teachers"}),
     outputs={"model": artifacts.MODEL, "model_run": artifacts.MODEL_RUN},
     parameters={
-        "module": Parameter(str, help="dotted module or .py file holding run_fn"),
-        "run_fn": Parameter(str, "run_fn"),
-        "train_splits": Parameter(list, ["train"]),
-        "eval_splits": Parameter(list, ["eval"]),
+        "module": Parameter(str, check=non_empty, help="dotted module or .py file holding run_fn"),
+        "run_fn": Parameter(str, "run_fn", check=non_empty),
+        "train_splits": Parameter(list, ["train"], check=names("split")),
+        "eval_splits": Parameter(list, ["eval"], check=names("split")),
         "train_steps": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0",
                                  help="steps per epoch; 0 means one pass over the data"),
         "eval_steps": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0"),

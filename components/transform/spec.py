@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from components import artifacts
-from components.spec import ComponentSpec, Parameter
+from components.spec import ComponentSpec, Parameter, names, non_empty
 
 TRANSFORM = ComponentSpec(
     name="Transform",
@@ -13,10 +13,12 @@ TRANSFORM = ComponentSpec(
         "input_pipeline": artifacts.INPUT_PIPELINE,
     },
     parameters={
-        "module": Parameter(str, help="dotted module or .py file holding the preprocessing_fn"),
-        "preprocessing_fn": Parameter(str, "preprocessing_fn"),
-        "analyze_splits": Parameter(list, ["train"], help="splits the full-pass analyzers see"),
-        "required_features": Parameter(list, [], help="raw features that must be in the schema"),
+        "module": Parameter(str, check=non_empty, help="dotted module or .py file holding the preprocessing_fn"),
+        "preprocessing_fn": Parameter(str, "preprocessing_fn", check=non_empty),
+        "analyze_splits": Parameter(list, ["train"], check=names("split", at_least_one=True),
+                                    help="splits the full-pass analyzers see"),
+        "required_features": Parameter(list, [], check=names("feature"),
+                                       help="raw features that must be in the schema"),
         "batch_size": Parameter(int, 32, check=lambda n: None if n > 0 else "must be positive"),
         "beam_pipeline_args": Parameter(list, []),
         "tune_input_pipeline": Parameter(bool, True, help="profile the transformed data and tune tf.data for it"),
