@@ -318,8 +318,9 @@ class CsvRowsToExamples(beam.DoFn):
     In a column read as numbers, NaN is missing too, declared numeric or not: pandas writes a missing
     number as NaN, and one NaN value turns tf.Transform's mean of the column, and every z-score from it,
     into NaN. An infinity there does the same, as does a number beyond float32, which a tf.Example stores as
-    one; neither is a missing value: its row is bad, an error or skipped and counted. ReadCsvRows already refused it in a declared numeric column; the others are only
-    known to hold numbers once every row has been read, so it is checked here.
+    one; neither is a missing value: its row is bad, an error or skipped and counted. ReadCsvRows already
+    refused it in a declared numeric column; the others are only known to hold numbers once every row has
+    been read, so it is checked here.
     """
 
     def __init__(self, skip_bad_rows: bool):

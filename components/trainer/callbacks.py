@@ -275,9 +275,9 @@ class TensorBoard(tf_keras.callbacks.TensorBoard):
     """tf_keras's TensorBoard without its per-step work where it writes only per epoch.
 
     It says it needs no batch hooks then, but once another callback has them fit calls its hooks too, and
-    each step they call tf.summary.scalar for every log: about 0.3 ms of no-op summaries per step, a fifth of
-    a small model's step. It also wrote the train graph inside the first step's hook; that moves to the end
-    of the first epoch, where it is timed as neither training nor validation.
+    each step they call tf.summary.scalar for every log: about 0.25 ms of no-op summaries per step, a fifth
+    of a small model's step (benchmarks/callbacks.py). It also wrote the train graph inside the first step's
+    hook; that moves to the end of the first epoch, where it is timed as neither training nor validation.
     """
 
     def on_train_begin(self, logs=None):
