@@ -561,6 +561,24 @@ def test_an_integer_beyond_64_bits_makes_its_column_text_as_tfx_reads_it(tmp_pat
         _run(tmp_path, {"input_path": csv, "numeric_columns": ["year"]}, "declared")
 
 
+@pytest.mark.parametrize("header, message, hint", [
+    # pandas' to_csv() writes the index as a first column without a name.
+    (",species,island,bill_length_mm,year", "column 1 has no name", "to_csv(index=False)"),
+    ("species,island,bill_length_mm,year,", "column 5 has no name", "a comma at the end of the header row"),
+    # Two unnamed columns used to be reported as "duplicate column name(s) " naming nothing.
+    (",species,island,,year", "columns 1 and 4 have no name", "to_csv(index=False)"),
+    ("species,island,species,year", "duplicate column name(s) species", None),
+])
+def test_a_header_with_unnamed_or_repeated_columns_is_refused(tmp_path, header, message, hint):
+    rows = [f"{i},Adelie,Dream,{30 + i},2007" if header.startswith(",") else f"Adelie,Dream,{30 + i},2007,"
+            for i in range(30)]
+    csv = write_csv(tmp_path / "header.csv", header, rows)
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": csv})
+    assert str(err.value) == f"{csv}:1: {message}"
+    assert (err.value.hint is None) if hint is None else (hint in err.value.hint)
+
+
 def test_nan_is_missing_in_any_column_read_as_numbers(tmp_path):
     """Declared numeric or not: 'year' is not in numeric_columns here, and its NaN cells used to become NaN
     values, which turn tf.Transform's mean of the column into NaN."""

@@ -114,14 +114,33 @@ def _check_header(path: str, reader, encoding: str) -> list[str]:
         raise InputDataError(f"{path}:{reader.line_num}: the header is not {label(encoding)} text ({bad_bytes})",
                              hint=_file_not_decodable_hint(encoding))
     names = [h.strip() for h in header]
+    unnamed = [i + 1 for i, n in enumerate(names) if not n]
+    if unnamed:
+        raise InputDataError(f"{path}:1: {_unnamed_columns(unnamed)}", hint=_unnamed_hint(unnamed, len(names)))
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise InputDataError(f"{path}:1: duplicate column name(s) {', '.join(duplicates)}")
-    if any(not n for n in names):
-        raise InputDataError(f"{path}:1: a column has an empty name")
     if next(reader, None) is None:
         raise InputDataError(f"{path}: the file has a header but no data rows")
     return names
+
+
+def _unnamed_columns(positions: list[int]) -> str:
+    if len(positions) == 1:
+        return f"column {positions[0]} has no name"
+    return f"columns {', '.join(map(str, positions[:-1]))} and {positions[-1]} have no name"
+
+
+def _unnamed_hint(positions: list[int], width: int) -> str:
+    """The usual causes: pandas' to_csv() writes its index as an unnamed first column, and a spreadsheet
+    export can end every row with a comma."""
+    causes = []
+    if positions[0] == 1:
+        causes.append("a first column without a name is how pandas writes its index: write the file with "
+                      "to_csv(index=False)")
+    if positions[-1] == width:
+        causes.append("a last column without a name comes from a comma at the end of the header row")
+    return "; ".join(causes) or "name every column in the header row"
 
 
 def describe_header(header: Sequence[str]) -> str:
