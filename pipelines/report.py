@@ -137,6 +137,7 @@ def collect(mlflow_run_id: str) -> dict:
         "distributed": {k: metrics[k] for k in ("restarts", "steps_lost", "recovery_seconds", "rejoin_seconds")
                         if k in metrics},
         "failed_node": summary.tags.get("hpml.failed_node"), "error": summary.tags.get("hpml.error"),
+        "error_hint": summary.tags.get("hpml.error_hint"),
         "run_dir": summary.tags.get("hpml.run_dir"),
         "node_curves": node_curves,
         "evaluation": _read_json(os.path.join(evaluation_dir, "results.json")) if evaluation_dir else None,
@@ -190,6 +191,8 @@ def render(data: dict, pngs: dict[str, str]) -> str:
     if data["failed_node"]:
         parts.append(f"<p class='bad'>Failed in {html.escape(data['failed_node'])}: "
                      f"{html.escape(data['error'] or '')}</p>")
+        if data.get("error_hint"):
+            parts.append(f"<p>What to do: {html.escape(data['error_hint'])}</p>")
     parts.append("<h2>Parameters</h2>" + _table(data["params"].items(), ("parameter", "value")))
     if data["data"]["examples"]:
         parts.append(_data_section(data["data"]))

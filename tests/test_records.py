@@ -91,6 +91,8 @@ def test_constant_features_reach_the_run_record_summary_and_report():
 
 
 def test_a_failed_node_records_the_error_and_the_epochs_that_finished():
+    from pipelines import report
+
     run_id = records.start("record_test", "run-failed", {"epochs": 3}, {})
     error = RuntimeError("training diverged: loss is nan")
     error.hint = "lower the learning rate"
@@ -101,6 +103,9 @@ def test_a_failed_node_records_the_error_and_the_epochs_that_finished():
     assert summary.tags["hpml.error"] == "RuntimeError: training diverged: loss is nan"
     assert summary.tags["hpml.error_hint"] == "lower the learning rate"
     assert records.history(run_id, "Student.loss") == [(1, 0.9), (2, 0.5)]
+    page = report.render(report.collect(run_id), {})
+    assert "Failed in Student: RuntimeError: training diverged: loss is nan" in page
+    assert "What to do: lower the learning rate" in page, "the report gives the hint the terminal gave"
 
 
 def test_resolve_takes_a_run_id_a_unique_prefix_of_one_or_a_run_name():
