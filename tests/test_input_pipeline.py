@@ -265,6 +265,7 @@ def test_stage_breakdown_names_the_slowest_stage_and_plots_it(tuned, shards, tmp
     assert "Map" in slowest["stage"], rows  # the sleeping parse map
     written = stages.write_breakdown(rows, str(tmp_path))
     assert written["recommendation"].startswith(f"Slowest stage: {slowest['stage']} ")
+    assert written["recommendation"].endswith("; raise its num_parallel_calls, vectorise it, or cache after it.")
     assert open(written["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert json.load(open(written["json"]))["stages"] == json.loads(json.dumps(rows))
 
@@ -274,7 +275,10 @@ def test_transform_writes_the_tuned_spec_and_breakdown(penguin_outputs):
     spec = input_pipeline.read_spec(folder)
     assert spec.decision("cache")["value"] == "memory" and spec.measurements["sample_records"] > 100
     assert os.path.getsize(os.path.join(folder, "stages.png")) > 1000
-    assert json.load(open(os.path.join(folder, "stages.json")))["recommendation"].startswith("Slowest stage: ")
+    advice = json.load(open(os.path.join(folder, "stages.json")))["recommendation"]
+    # The penguin sample costs about a millisecond in all: which stage is slowest then changes from run to run,
+    # and advice to tune it would be noise.
+    assert advice.startswith("Slowest stage: ") and advice.endswith("; at that cost no stage is worth tuning.")
 
 
 def _tiny_model():
