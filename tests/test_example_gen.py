@@ -290,6 +290,32 @@ def test_bytes_or_nan_in_a_numeric_tfrecord_feature_names_the_record(tmp_path):
     assert props["bad_rows"] == 1 and sum(props["split_counts"].values()) == 19
 
 
+def test_a_tfrecord_feature_of_two_kinds_names_a_record_of_each(tmp_path):
+    """A feature stored as float_list in one record and int64_list in another has no one schema type. The error
+    named the feature only, so finding the odd record in a large input meant searching all of it."""
+    def example(feature):
+        return tf.train.Example(features=tf.train.Features(feature={"x": feature})).SerializeToString()
+
+    first, second = str(tmp_path / "a.tfrecord"), str(tmp_path / "b.tfrecord")
+    with tf.io.TFRecordWriter(first) as writer:
+        for i in range(10):
+            writer.write(example(tf.train.Feature(float_list=tf.train.FloatList(value=[i + 0.5]))))
+    with tf.io.TFRecordWriter(second) as writer:
+        for i in range(10):
+            kind = tf.train.Feature(int64_list=tf.train.Int64List(value=[i])) if i == 6 else \
+                tf.train.Feature(float_list=tf.train.FloatList(value=[i + 0.5]))
+            writer.write(example(kind))
+    params = {"input_path": str(tmp_path / "*.tfrecord"), "input_format": "tfrecord"}
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, params)
+    assert str(err.value) == (f"feature 'x' is float_list in 19 records (first {first}: record 1) "
+                              f"and int64_list in 1 record (first {second}: record 7)")
+    assert err.value.hint == "store each feature as the same kind of list in every record"
+    # skip_bad_rows does not choose between the kinds: either could be the intended one.
+    with pytest.raises(InputDataError, match="feature 'x' is float_list in 19 records"):
+        _run(tmp_path, dict(params, skip_bad_rows=True), "skipping")
+
+
 def test_the_penguin_pipeline_declares_its_numeric_columns(tmp_path, penguin_csv):
     from pipelines import runner
     from pipelines.penguin import PIPELINE

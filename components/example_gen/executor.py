@@ -107,7 +107,6 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
 
         _ = (
             records
-            | "Serialized" >> beam.Map(lambda r: r[2])
             | "FeatureStats" >> beam.CombineGlobally(schema_inference.FeatureStats())
             | "WriteSchema" >> beam.Map(
                 _finish_schema, schema_dir, params["schema_path"], required, source,

@@ -16,14 +16,16 @@ _KIND_NAMES = {schema_pb2.INT: "INT", schema_pb2.FLOAT: "FLOAT", schema_pb2.BYTE
 
 
 class FeatureStats(beam.CombineFn):
-    """Per feature: its kind, how many examples have it, and its min and max value counts."""
+    """Per feature and kind: how many examples have it, its min and max value counts, and the first record
+    (by file, then index) that stores it so. Takes (file, record index, serialized tf.Example)."""
 
     def create_accumulator(self):
         return {"_n": 0}
 
-    def add_input(self, acc, serialized: bytes):
+    def add_input(self, acc, record):
         import tensorflow as tf
 
+        path, index, serialized = record
         example = tf.train.Example.FromString(serialized)
         acc["_n"] += 1
         for name, feature in example.features.feature.items():
@@ -31,45 +33,53 @@ class FeatureStats(beam.CombineFn):
             if kind is None:
                 continue
             count = len(getattr(feature, kind).value)
-            stats = acc.get(name)
-            if stats is None:
-                acc[name] = [kind, 1, count, count]
-            else:
-                if stats[0] != kind:
-                    raise InputDataError(f"feature {name!r} is {stats[0]} in some examples and {kind} in others")
-                stats[1] += 1
-                stats[2] = min(stats[2], count)
-                stats[3] = max(stats[3], count)
+            _add(acc.setdefault(name, {}), kind, [1, count, count, (path, index)])
         return acc
 
     def merge_accumulators(self, accs):
         merged = self.create_accumulator()
         for acc in accs:
-            for name, stats in acc.items():
+            for name, kinds in acc.items():
                 if name == "_n":
-                    merged["_n"] += stats
-                elif name not in merged:
-                    merged[name] = list(stats)
-                else:
-                    mine = merged[name]
-                    if mine[0] != stats[0]:
-                        raise InputDataError(
-                            f"feature {name!r} is {mine[0]} in some examples and {stats[0]} in others"
-                        )
-                    mine[1] += stats[1]
-                    mine[2] = min(mine[2], stats[2])
-                    mine[3] = max(mine[3], stats[3])
+                    merged["_n"] += kinds
+                    continue
+                for kind, stats in kinds.items():
+                    _add(merged.setdefault(name, {}), kind, list(stats))
         return merged
 
     def extract_output(self, acc):
-        return acc
+        for name, kinds in sorted(acc.items()):
+            if name != "_n" and len(kinds) > 1:
+                raise _mixed_kinds(name, kinds)
+        return {name: (stats if name == "_n" else next(iter(stats.items()))) for name, stats in acc.items()}
+
+
+def _add(kinds: dict, kind: str, stats: list) -> None:
+    """Folds one kind's [examples, min count, max count, first (file, index)] into a feature's stats."""
+    mine = kinds.get(kind)
+    if mine is None:
+        kinds[kind] = stats
+        return
+    mine[0] += stats[0]
+    mine[1] = min(mine[1], stats[1])
+    mine[2] = max(mine[2], stats[2])
+    mine[3] = min(mine[3], stats[3])
+
+
+def _mixed_kinds(name: str, kinds: dict) -> InputDataError:
+    """Names, for a feature stored as more than one kind of list, how many records hold each and the first."""
+    ordered = sorted(kinds.items(), key=lambda item: (-item[1][0], item[1][3]))
+    parts = [f"{kind} in {stats[0]} record{'s' if stats[0] != 1 else ''} (first {stats[3][0]}: record {stats[3][1]})"
+             for kind, stats in ordered]
+    return InputDataError(f"feature {name!r} is {' and '.join(parts)}",
+                          hint="store each feature as the same kind of list in every record")
 
 
 def schema_from_stats(stats: dict) -> schema_pb2.Schema:
     total = stats["_n"]
     schema = schema_pb2.Schema()
     for name in sorted(k for k in stats if k != "_n"):
-        kind, present, min_count, max_count = stats[name]
+        kind, (present, min_count, max_count, _) = stats[name]
         feature = schema.feature.add(name=name, type=_KINDS[kind])
         if present == total and min_count == 1 and max_count == 1:
             feature.shape.dim.add(size=1)
