@@ -17,6 +17,7 @@ import shutil
 
 from components import artifacts
 from components.errors import HpmlError
+from components.input_pipeline.stall import describe_stall
 from pipelines import records
 
 REPORT_DIR = "report"
@@ -222,10 +223,7 @@ def render(data: dict, pngs: dict[str, str]) -> str:
             parts.append(f"<h2>{title}</h2>" + _img(pngs[name], title))
     parts.append("<h2>Input pipeline</h2>")
     if data["input_stall"]:
-        stall = data["input_stall"]
-        parts.append(f"<p>Input stall: <b>{stall['stall_fraction']:.1%}</b> of each step waits on input "
-                     f"({stall['real_step_s'] * 1e3:.2f} ms per step from the pipeline, "
-                     f"{stall['in_memory_step_s'] * 1e3:.2f} ms from memory, {stall['steps']} steps).</p>")
+        parts.append(f"<p>{html.escape(describe_stall(data['input_stall']))}</p>")
     if data["input_stages"]:
         parts.append(f"<p>{html.escape(data['input_stages']['recommendation'])}</p>")
     if "input_stages.png" in pngs:

@@ -15,7 +15,7 @@ from components import input_pipeline
 from components.errors import InputDataError, SpecError
 from components.input_pipeline import Measurements, autotune_spec, build_dataset, naive_spec, stages, tune
 from components.input_pipeline.shards import explain_read_error
-from components.input_pipeline.stall import measure_input_stall
+from components.input_pipeline.stall import describe_stall, measure_input_stall
 
 GIB = 1024 ** 3
 SCHEMA = schema_utils.schema_from_feature_spec({
@@ -309,6 +309,22 @@ def test_input_stall_separates_a_slow_pipeline_and_leaves_the_model_untouched():
     assert min(waited["real_block_s"][:4]) > 4 * 0.02 and min(waited["real_block_s"][4:]) > 3 * 0.02
     assert max(waited["in_memory_block_s"]) < 0.05
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    # 20 ms per batch is a slow stage, not the fixed cost of a feed: the advice points at the breakdown.
+    assert describe_stall(waited).endswith("The pipeline is slower than the model; the stage breakdown names where "
+                                           "its time goes.")
+
+
+def test_a_stall_from_the_fixed_cost_of_a_short_step_says_so():
+    """A sub-millisecond step over a fast pipeline stalls only on what feeding any step costs; the penguin run
+    logged an 18% stall with no word on why, which read as a slow pipeline."""
+    short = {"stall_fraction": 1 - 0.67 / 0.82, "real_step_s": 0.00082, "in_memory_step_s": 0.00067}
+    assert describe_stall(short) == (
+        "Input stall: 18.3% of each step waits on input (0.82 ms per step from the pipeline, 0.67 ms from memory). "
+        "The pipeline adds 0.15 ms per batch, the fixed cost of feeding a step, which is a large share of a step "
+        "this short; a larger batch_size spreads it over more examples.")
+    # Under B3's 5% there is nothing to advise.
+    assert describe_stall({"stall_fraction": 0.04, "real_step_s": 0.0104, "in_memory_step_s": 0.01}) == (
+        "Input stall: 4.0% of each step waits on input (10.40 ms per step from the pipeline, 10.00 ms from memory).")
 
 
 def test_input_stall_is_in_the_run_record(penguin_dag_run):
