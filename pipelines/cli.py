@@ -75,6 +75,8 @@ def _raise_recorded_failure(mlflow_run_id: str | None, fallback: str) -> None:
 
     tags = records.load(mlflow_run_id).tags if mlflow_run_id else {}
     error, node = tags.get("hpml.error"), tags.get("hpml.failed_node")
+    if tags.get("hpml.report"):  # the task logged it, but Airflow keeps task logs apart
+        print(f"run report (the run failed in {node}): {tags['hpml.report']}", file=sys.stderr)
     if not (error and node):
         raise HpmlError(fallback, hint="the task log above names the failing component")
     raise HpmlError(f"{node} failed: {error}",

@@ -182,6 +182,21 @@ def _data_section(data: dict) -> str:
     return f"<h2>Data</h2><p>{text}.</p>"
 
 
+def _input_pipeline_section(data: dict, pngs: dict[str, str]) -> list[str]:
+    """The stall, the stage breakdown and the decisions; nothing (not even the heading) where the run has none,
+    as a run that failed before its Trainer."""
+    parts = []
+    if data["input_stall"]:
+        parts.append(f"<p>{html.escape(describe_stall(data['input_stall']))}</p>")
+    if data["input_stages"]:
+        parts.append(f"<p>{html.escape(data['input_stages']['recommendation'])}</p>")
+    if "input_stages.png" in pngs:
+        parts.append(_img(pngs["input_stages.png"], "tf.data per-stage breakdown"))
+    if data["input_decisions"]:
+        parts.append(_table(sorted(data["input_decisions"].items()), ("decision", "value")))
+    return ["<h2>Input pipeline</h2>", *parts] if parts else []
+
+
 def render(data: dict, pngs: dict[str, str]) -> str:
     """The HTML page; `pngs` maps each plot's name to its file."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>hpml run {html.escape(data['run_name'])}"
@@ -221,15 +236,7 @@ def render(data: dict, pngs: dict[str, str]) -> str:
     for name, (title, _) in CURVE_GROUPS.items():
         if name in pngs:
             parts.append(f"<h2>{title}</h2>" + _img(pngs[name], title))
-    parts.append("<h2>Input pipeline</h2>")
-    if data["input_stall"]:
-        parts.append(f"<p>{html.escape(describe_stall(data['input_stall']))}</p>")
-    if data["input_stages"]:
-        parts.append(f"<p>{html.escape(data['input_stages']['recommendation'])}</p>")
-    if "input_stages.png" in pngs:
-        parts.append(_img(pngs["input_stages.png"], "tf.data per-stage breakdown"))
-    if data["input_decisions"]:
-        parts.append(_table(sorted(data["input_decisions"].items()), ("decision", "value")))
+    parts += _input_pipeline_section(data, pngs)
     if data["gpipe"]:
         g = data["gpipe"]
         parts.append(f"<h2>GPipe schedule</h2><p>K={g['num_stages']} stages, M={g['num_micro_batches']} "

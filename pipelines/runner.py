@@ -5,6 +5,7 @@ and `finish`, so the two engines execute exactly the same definition.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
+from components.trainer.launchers.stopping import Stopped
 from pipelines import params as params_mod
 from pipelines import records, report
 from pipelines.definition import Pipeline
@@ -83,6 +85,8 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
         properties = node.component.run(inputs, outputs, node.params(context.params))
     except BaseException as err:
         records.mark_failed(context.mlflow_run_id, node.id, err, prefix)
+        if isinstance(err, Exception) and not isinstance(err, Stopped):  # Airflow kills a stopped task in 5 s
+            write_report(context, f"the run failed in {node.id}")
         raise
     seconds = time.perf_counter() - started
     records.log_node(context.mlflow_run_id, node.id, outputs, properties, seconds, prefix)
@@ -96,14 +100,22 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
 def finish(context: RunContext) -> str | None:
     """Close the run record and write the run report; returns the report's path."""
     records.finish(context.mlflow_run_id)
+    return write_report(context)
+
+
+def write_report(context: RunContext, why: str = "") -> str | None:
+    """Write the run report from the record, finished or failed; its path, or None where it could not be
+    written (logged and tagged: a report must neither fail a finished run nor hide a failed one's error)."""
     try:
         path = report.build(context.mlflow_run_id)
-    except Exception as err:  # noqa: BLE001 - a report failure must not fail a finished run
+        records.client().set_tag(context.mlflow_run_id, "hpml.report", path)
+    except Exception as err:  # noqa: BLE001
         log.exception("the run report could not be written")
-        records.client().set_tag(context.mlflow_run_id, "hpml.report_error", f"{type(err).__name__}: {err}"[:5000])
+        with contextlib.suppress(Exception):
+            records.client().set_tag(context.mlflow_run_id, "hpml.report_error",
+                                     f"{type(err).__name__}: {err}"[:5000])
         return None
-    records.client().set_tag(context.mlflow_run_id, "hpml.report", path)
-    log.info("run report: %s", path)
+    log.info("run report%s: %s", f" ({why})" if why else "", path)
     return path
 
 

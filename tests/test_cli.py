@@ -199,6 +199,16 @@ def test_a_failed_component_ends_in_its_own_error_and_hint_on_either_engine(engi
     listed = _hpml("runs", "--pipeline", "penguin", "--limit", "1", columns=80).stdout.splitlines()
     row = next(i for i, line in enumerate(listed) if "FAILED" in line)
     assert listed[row + 1].split()[-1] == "ExampleGen", "the listing names the component a failed run stopped in"
+    # The failed run's report was written where it failed (under Airflow, finish_run never runs), and the log
+    # says where; before, only `hpml report RUN` wrote one.
+    from pipelines import records
+
+    tags = records.load(records.resolve(listed[row].split()[0])).tags
+    page = open(tags["hpml.report"], encoding="utf-8").read()
+    assert f"Failed in ExampleGen: InputDataError: {csv}:7: column &#x27;body_mass_g&#x27; must hold a number" in page
+    assert "What to do: fix the row, or set skip_bad_rows=true" in page
+    assert "<h2>Input pipeline</h2>" not in page, "no empty section for a component that never ran"
+    assert f"run report (the run failed in ExampleGen): {tags['hpml.report']}" in done.stderr
 
 
 def _local_run_histories(conf: dict) -> tuple[str, dict]:

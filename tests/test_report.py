@@ -44,7 +44,7 @@ def test_report_shows_params_plan_input_pipeline_and_durations(report):
     page, conf = report["html"], report["run"]["conf"]
     assert f"<td>epochs</td><td>{conf['epochs']}</td>" in page
     assert "Strategy plan: one_device" in page and "<li>" in page
-    assert "Input stall:" in page and "Slowest stage:" in page
+    assert "<h2>Input pipeline</h2>" in page and "Input stall:" in page and "Slowest stage:" in page
     assert "Component durations" in page and "ExampleGen" in report["data"]["durations"]
 
 
