@@ -1,4 +1,5 @@
 """The per-epoch metrics line: throughput and step time measure training, not validation."""
+import re
 import time
 
 import numpy as np
@@ -19,14 +20,15 @@ def _slow(x, y):
     return tf.py_function(wait, [x], tf.float32), y
 
 
-def test_throughput_and_step_time_leave_validation_out(tmp_path):
+def test_throughput_and_step_time_leave_validation_out(tmp_path, caplog):
     x, y = np.ones((64, 3), np.float32), np.zeros((64, 1), np.float32)
     train = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     validation = tf.data.Dataset.from_tensor_slices((x[:16], y[:16])).batch(8).map(_slow)
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    model.fit(train, validation_data=validation, epochs=2, verbose=0,
-              callbacks=[EpochMetricsLogger(str(tmp_path), batch_size=8, total_epochs=2)])
+    with caplog.at_level("INFO", logger="hpml.trainer"):
+        model.fit(train, validation_data=validation, epochs=2, verbose=0,
+                  callbacks=[EpochMetricsLogger(str(tmp_path), batch_size=8, total_epochs=2)])
     rows = read_metrics(str(tmp_path))
     assert [row["epoch"] for row in rows] == [1, 2]
     for row in rows:
@@ -35,3 +37,15 @@ def test_throughput_and_step_time_leave_validation_out(tmp_path):
         assert train_seconds + row["val_seconds"] <= row["seconds"], "the epoch-end callbacks are in neither"
         assert row["examples_per_sec"] == pytest.approx(64 / train_seconds, rel=1e-6)
         assert train_seconds < row["seconds"] - 2 * SLEEP_S, "the slow validation is not in the throughput"
+    # The log line rounds each figure to what it can tell: before, "examples_per_sec=20202.2407".
+    lines = [r.getMessage() for r in caplog.records if r.name == "hpml.trainer"]
+    assert len(lines) == 2
+    assert re.fullmatch(r"epoch 1/2 examples_per_sec=\d+ loss=\d+\.\d{4} step_time_ms=\d+\.\d{2} "
+                        r"val_loss=\d+\.\d{4} eta=\d+\.\ds", lines[0]), lines[0]
+    assert f"examples_per_sec={rows[0]['examples_per_sec']:.0f} " in lines[0]
+
+
+def test_a_small_loss_is_not_shown_as_zero():
+    from components.trainer.callbacks import _shown
+
+    assert [_shown("loss", v) for v in (0.0117, 1.2e-5, 0.0, float("nan"))] == ["0.0117", "1.200e-05", "0.0000", "nan"]

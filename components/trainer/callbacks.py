@@ -67,9 +67,19 @@ class EpochMetricsLogger(tf_keras.callbacks.Callback):
         with open(self._path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         eta = (time.perf_counter() - self._started) / (epoch + 1) * (self._total - epoch - 1)
-        shown = " ".join(f"{k}={v:.4f}" for k, v in sorted(record.items())
+        shown = " ".join(f"{k}={_shown(k, v)}" for k, v in sorted(record.items())
                          if k not in ("epoch", "seconds", "val_seconds"))
         log.info("epoch %d/%d %s eta=%.1fs", epoch + 1, self._total, shown, eta)
+
+
+def _shown(name: str, value: float) -> str:
+    """A metric as the epoch line shows it: whole examples per second, step time to 10 µs, and losses and
+    metrics to 4 decimals, or in 4 significant digits where that would show a small one as 0.0000."""
+    if name == "examples_per_sec":
+        return f"{value:.0f}"
+    if name == "step_time_ms":
+        return f"{value:.2f}"
+    return f"{value:.3e}" if 0 < abs(value) < 5e-5 else f"{value:.4f}"
 
 
 class CoordinatorValidation(tf_keras.callbacks.Callback):
