@@ -117,8 +117,9 @@ def cmd_runs(args) -> int:
                           style=None if a.bad_rows == b.bad_rows else "bold")
         for key in sorted(set(a.eval_metrics) | set(b.eval_metrics)):
             table.add_row(f"eval {key}", _fmt(a.eval_metrics.get(key)), _fmt(b.eval_metrics.get(key)))
-        for key in sorted(set(a.durations) | set(b.durations)):
-            table.add_row(f"{key} seconds", _fmt(a.durations.get(key)), _fmt(b.durations.get(key)))
+        for key in [*a.durations, *(k for k in b.durations if k not in a.durations)]:  # in run order
+            va, vb = (f"{r.durations[key]:.1f}" if key in r.durations else "-" for r in (a, b))
+            table.add_row(f"{key} seconds", va, vb)
         _print_table(console, table)
         from pipelines.paths import hpml_home
         from pipelines.report import plot_overlay

@@ -227,7 +227,8 @@ def load(mlflow_run_id: str) -> RunSummary:
         run_name=run.info.run_name,
         status=run.info.status,
         params=dict(run.data.params),
-        durations={k[len(DURATION_METRIC):]: v for k, v in metrics.items() if k.startswith(DURATION_METRIC)},
+        durations=_in_run_order(tags.get("hpml.pipeline"), {k[len(DURATION_METRIC):]: v for k, v in metrics.items()
+                                                            if k.startswith(DURATION_METRIC)}),
         outputs=outputs,
         eval_metrics={k[len("eval_"):]: v for k, v in metrics.items() if k.startswith("eval_")},
         tags=dict(tags),
@@ -239,6 +240,16 @@ def load(mlflow_run_id: str) -> RunSummary:
         empty_columns=tags[EMPTY_COLUMNS_TAG].split(", ") if tags.get(EMPTY_COLUMNS_TAG) else [],
         constant_features=tags[CONSTANT_FEATURES_TAG].split(", ") if tags.get(CONSTANT_FEATURES_TAG) else [],
     )
+
+
+def _in_run_order(pipeline_name: str | None, durations: dict[str, float]) -> dict[str, float]:
+    """Per-node durations in the order the pipeline's definition runs its nodes (ExampleGen first), not the
+    store's; nodes the definition does not name (or an unregistered pipeline's) come after, by name."""
+    from pipelines import registry
+
+    order = [node.id for node in registry.get(pipeline_name).nodes] if pipeline_name in registry.PIPELINES else []
+    return dict(sorted(durations.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order),
+                                                          kv[0])))
 
 
 def find(tag: str, value: str, pipeline_name: str) -> str | None:

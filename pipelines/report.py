@@ -116,9 +116,6 @@ def collect(mlflow_run_id: str) -> dict:
     series = {name: [list(p) for p in records.history(mlflow_run_id, name)]
               for name in sorted(names) + node_curves if name in metrics}
     evaluation_dir = next((out["evaluation"] for out in summary.outputs.values() if "evaluation" in out), None)
-    order = ["ExampleGen", "Transform", "Trainer"]
-    durations = dict(sorted(summary.durations.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
-                                                                        else len(order), kv[0])))
     trainer = summary.outputs.get("Trainer", {})
     pipeline_dir = summary.outputs.get("Transform", {}).get("input_pipeline")
     run_dir = trainer.get("model_run")
@@ -127,7 +124,7 @@ def collect(mlflow_run_id: str) -> dict:
         "pipeline": summary.tags.get("hpml.pipeline", ""), "params": dict(sorted(summary.params.items())),
         "data": {"examples": summary.examples, "bad_rows": summary.bad_rows, "input_files": summary.input_files,
                  "empty_columns": summary.empty_columns, "constant_features": summary.constant_features},
-        "eval_metrics": summary.eval_metrics, "durations": durations, "series": series,
+        "eval_metrics": summary.eval_metrics, "durations": summary.durations, "series": series,
         "plan": _read_json(os.path.join(run_dir, "plan.json")) if run_dir else None,
         "gpipe": _read_json(os.path.join(run_dir, "gpipe.json")) if run_dir else None,
         "input_stall": _read_json(os.path.join(run_dir, "input_stall.json")) if run_dir else None,

@@ -13,7 +13,7 @@ def print_summary(summary: records.RunSummary, console: Console | None = None) -
     table.add_column("component")
     table.add_column("seconds", justify="right")
     table.add_column("outputs")
-    for node, seconds in sorted(summary.durations.items(), key=lambda kv: _order(summary, kv[0])):
+    for node, seconds in summary.durations.items():
         outs = summary.outputs.get(node, {})
         table.add_row(node, f"{seconds:.1f}", "\n".join(_relative(summary, v) for _, v in sorted(outs.items())))
     console.print(table)
@@ -36,8 +36,3 @@ def _relative(summary: records.RunSummary, uri: str) -> str:
 
     run_dir = summary.tags.get("hpml.run_dir")
     return os.path.relpath(uri, run_dir) if run_dir and uri.startswith(run_dir) else uri
-
-
-def _order(summary: records.RunSummary, node: str) -> tuple:
-    known = ["ExampleGen", "Transform", "Trainer"]
-    return (known.index(node) if node in known else len(known), node)

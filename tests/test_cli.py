@@ -98,6 +98,10 @@ def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run)
     assert rows["bad rows skipped"] == ["0", "2"], "the local run read a copy with two rows broken"
     dag_run, local = records.load(penguin_dag_run["mlflow_run_id"]), records.load(local_id)
     assert rows["examples train"] == [str(dag_run.examples["train"]), str(local.examples["train"])]
+    # Durations in the order the components ran, to a tenth of a second (before: by name, to 4 decimals).
+    timed = [(name, cells) for name, cells in rows.items() if name.endswith(" seconds")]
+    assert [name for name, _ in timed] == ["ExampleGen seconds", "Transform seconds", "Trainer seconds"]
+    assert all(re.fullmatch(r"\d+\.\d", cell) for _, cells in timed for cell in cells), timed
     assert sum(local.examples.values()) == sum(dag_run.examples.values()) - 2
     plot = done.stdout.split("overlay plot: ")[1].split()[0]
     assert open(plot, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
