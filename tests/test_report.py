@@ -91,3 +91,50 @@ def test_terminal_progress_bar_counts_every_step_with_an_eta():
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
     assert "12/12 steps" in text and "epoch 3/3 loss=" in text
     assert re.search(r"\d+:\d\d:\d\d", text), "an ETA column"
+
+
+def test_log_lines_print_above_the_bar_and_a_failed_fit_leaves_no_bar_behind():
+    """A log line written while the bar was live went straight to the terminal, where the bar's next redraw
+    erased it: at a terminal, most per-epoch lines vanished. A fit that raised left the bar live, redrawing
+    itself among the error's lines, with the terminal's cursor hidden after the process ended."""
+    import io
+    import logging
+    import sys
+
+    import numpy as np
+    import tf_keras
+    from rich.console import Console
+
+    from components.trainer import callbacks
+    from components.trainer.executor import _run_in_process
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    stderr = sys.stderr
+    handler = logging.StreamHandler(stderr)
+    log = logging.getLogger("hpml.test_progress")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+    class LogsThenFails(tf_keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            log.info("epoch %d done", epoch + 1)
+            if epoch == 1:
+                raise RuntimeError("stopped in epoch 2")
+
+    def run_fn(_):
+        model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        x = np.ones((40, 2), "float32")
+        model.fit(x, x[:, :1], batch_size=10, epochs=3, verbose=0,
+                  callbacks=[LogsThenFails(), callbacks.TerminalProgress(3, console=console)])
+
+    try:
+        with pytest.raises(RuntimeError, match="stopped in epoch 2"):
+            _run_in_process(run_fn, None, "GZIP")
+    finally:
+        log.removeHandler(handler)
+    text = out.getvalue()
+    assert "epoch 1 done\n" in text and "epoch 2 done\n" in text, "the log lines went through rich"
+    assert text.endswith("\x1b[?25h"), "the bar stopped and showed the cursor again"
+    assert sys.stderr is stderr and handler.stream is stderr and not callbacks._LIVE

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from components import artifacts
 from components.errors import SpecError
 from components.trainer import plan as plan_mod
-from components.trainer.callbacks import read_metrics
+from components.trainer.callbacks import close_terminal_progress, read_metrics
 from components.trainer.distill import mode as distill_mode
 from components.input_pipeline import read_spec
 from components.input_pipeline.shards import explain_read_error
@@ -158,6 +158,8 @@ def _run_in_process(run_fn, fn_args: FnArgs, compression: str) -> None:
         if named is None:
             raise
         raise named from err
+    finally:
+        close_terminal_progress()  # before the error is printed
 
 
 def _read_json(path: str):
