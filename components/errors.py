@@ -1,7 +1,9 @@
 """Errors that reach users: one clear line naming the file, row or field, plus a hint."""
 from __future__ import annotations
 
+import difflib
 import re
+from typing import Iterable
 
 
 # The exit status of a process stopped by a user error (bad input or parameters): the CLI's, and a
@@ -38,3 +40,12 @@ def op_error_message(err) -> str:
     """A TensorFlow op error's own words (`tf.errors.OpError.message`), without the `{{function_node ...}}`
     prefix and `[Op:...] name:` suffix that eager execution wraps them in."""
     return re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$", "", err.message.strip()).strip()
+
+
+def known_names(what: str, name: str, known: Iterable[str]) -> str:
+    """A hint for an unknown name: the known ones, led by the closest where `name` looks like a misspelling
+    of it ("did you mean 'epochs'? known parameters: ...")."""
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    listed = f"known {what}: {', '.join(known)}"
+    return f"did you mean {close[0]!r}? {listed}" if close else listed

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from components.artifacts import ArtifactType
-from components.errors import SpecError
+from components.errors import SpecError, known_names
 
 _REQUIRED = object()
 
@@ -80,7 +80,7 @@ class ComponentSpec:
         if unknown:
             raise SpecError(
                 f"{self.name}: unknown parameter(s) {', '.join(unknown)}",
-                hint=f"known parameters: {', '.join(sorted(self.parameters))}",
+                hint=known_names("parameters", unknown[0], self.parameters),
             )
         resolved: dict[str, Any] = {}
         for name, param in self.parameters.items():

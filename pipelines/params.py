@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import jsonschema
 
-from components.errors import SpecError
+from components.errors import SpecError, known_names
 from components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding
 from components.trainer.strategies import CLUSTER_STRATEGIES, STRATEGIES
 from pipelines.paths import confine
@@ -107,6 +107,10 @@ def defaults(schema: Mapping) -> dict[str, Any]:
 
 def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults filled in, every value checked against the schema, data paths confined."""
+    unknown = sorted(set(values) - set(schema["properties"]))
+    if unknown:  # before the schema, whose own message ("Additional properties are not allowed") names no field
+        raise SpecError(f"unknown parameter {unknown[0]!r}", hint=known_names("parameters", unknown[0],
+                                                                               schema["properties"]))
     merged = {**defaults(schema), **dict(values)}
     for name, value in merged.items():  # NaN compares false with both bounds: the schema would let it by
         if name in schema["properties"] and isinstance(value, float) and not math.isfinite(value):
@@ -184,8 +188,6 @@ def cluster_config(launcher: str) -> dict:
 
 
 def _hint(schema: Mapping, err, field: str | None = None) -> str | None:
-    if err is not None and err.validator == "additionalProperties":
-        return f"known parameters: {', '.join(sorted(schema['properties']))}"
     if err is not None:
         field = err.path[0] if err.path else None
     prop = schema["properties"].get(field, {}) if field else {}
@@ -196,7 +198,7 @@ def parse_cli_value(schema: Mapping, name: str, text: str) -> Any:
     """A `name=value` from the command line, converted to the type the schema wants."""
     prop = schema["properties"].get(name)
     if prop is None:
-        raise SpecError(f"unknown parameter {name!r}", hint=f"known parameters: {', '.join(sorted(schema['properties']))}")
+        raise SpecError(f"unknown parameter {name!r}", hint=known_names("parameters", name, schema["properties"]))
     kind = prop.get("type")
     try:
         if kind == "integer":

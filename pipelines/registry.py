@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-from components.errors import SpecError
+from components.errors import SpecError, known_names
 from pipelines.definition import Pipeline
 
 PIPELINES = {"penguin": "pipelines.penguin", "distillation": "pipelines.distillation"}
@@ -12,7 +12,7 @@ PIPELINES = {"penguin": "pipelines.penguin", "distillation": "pipelines.distilla
 def check(name: str) -> None:
     """Refuse a pipeline name that is not registered, without importing any pipeline."""
     if name not in PIPELINES:
-        raise SpecError(f"unknown pipeline {name!r}", hint=f"known pipelines: {', '.join(sorted(PIPELINES))}")
+        raise SpecError(f"unknown pipeline {name!r}", hint=known_names("pipelines", name, PIPELINES))
 
 
 def get(name: str) -> Pipeline:

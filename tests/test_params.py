@@ -22,7 +22,7 @@ def test_defaults_fill_in_and_validate(penguin_csv):
         ({"epochs": "ten"}, "'epochs': 'ten' is not of type 'integer'"),
         ({"strategy": "magic"}, "'strategy': 'magic' is not one of"),
         ({"learning_rate": 0}, "'learning_rate': 0 is less than or equal to the minimum of 0"),
-        ({"batch_sise": 3}, "Additional properties are not allowed"),
+        ({"batch_sise": 3}, "unknown parameter 'batch_sise'"),
         ({"encoding": "latin-9000"}, "'encoding': unknown text encoding 'latin-9000'"),
         # NaN compares false with both bounds, so the schema's range let it through to the first training step.
         ({"learning_rate": float("nan")}, "'learning_rate': nan is not a finite number"),
@@ -142,8 +142,27 @@ def test_cli_values_are_typed():
     assert params.parse_cli_value(SCHEMA, "skip_bad_rows", "true") is True
     with pytest.raises(SpecError, match="'epochs': 'x' is not a valid integer"):
         params.parse_cli_value(SCHEMA, "epochs", "x")
-    with pytest.raises(SpecError, match="unknown parameter 'nope'"):
+    with pytest.raises(SpecError, match="unknown parameter 'nope'") as err:
         params.parse_cli_value(SCHEMA, "nope", "1")
+    assert err.value.hint.startswith("known parameters: batch_size, data_path, ")
+
+
+def test_a_misspelt_name_is_answered_with_the_closest_known_one():
+    from pipelines import registry
+
+    with pytest.raises(SpecError) as err:
+        params.parse_cli_value(SCHEMA, "epoch", "3")
+    assert err.value.hint.startswith("did you mean 'epochs'? known parameters: batch_size, ")
+    # From an Airflow conf or a TFX caller: before, jsonschema's "Additional properties are not allowed".
+    with pytest.raises(SpecError, match=r"^unknown parameter 'batch_sise'$") as err:
+        params.validate(SCHEMA, {"batch_sise": 3})
+    assert err.value.hint.startswith("did you mean 'batch_size'? ")
+    with pytest.raises(SpecError, match=r"^unknown pipeline 'pengiun'$") as err:
+        registry.check("pengiun")
+    assert err.value.hint == "did you mean 'penguin'? known pipelines: distillation, penguin"
+    with pytest.raises(SpecError, match=r"ExampleGen: unknown parameter\(s\) skip_bad_row$") as err:
+        EXAMPLE_GEN.resolve_params({"input_path": "x", "skip_bad_row": True})
+    assert err.value.hint.startswith("did you mean 'skip_bad_rows'? known parameters: ")
 
 
 def test_component_parameters_are_typed_and_checked():
