@@ -11,6 +11,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+
 
 class _WithoutOurErrors(logging.Filter):
     """Drops a log record that carries one of our errors: Beam logs a DoFn's exception, traceback and all,
@@ -278,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         if err.hint:
             print(f"hint: {err.hint}", file=sys.stderr)
         return USER_ERROR_EXIT
+    except KeyboardInterrupt:  # Ctrl-C: the run record already says where it stopped
+        if args.debug:
+            raise
+        print("error: interrupted", file=sys.stderr)
+        if args.func is cmd_run:
+            print("hint: hpml runs lists it as FAILED, with the component it stopped in", file=sys.stderr)
+        return INTERRUPTED_EXIT
 
 
 if __name__ == "__main__":

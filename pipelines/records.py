@@ -180,7 +180,8 @@ def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException, metric_p
     mlflow_client = client()
     # The error first: a task being stopped may be killed seconds later (Airflow: SIGKILL 5 s after SIGTERM).
     mlflow_client.set_tag(mlflow_run_id, "hpml.failed_node", node_id)
-    mlflow_client.set_tag(mlflow_run_id, "hpml.error", f"{type(error).__name__}: {error}"[:5000])
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__  # KeyboardInterrupt()
+    mlflow_client.set_tag(mlflow_run_id, "hpml.error", text[:5000])
     if getattr(error, "hint", None):
         mlflow_client.set_tag(mlflow_run_id, "hpml.error_hint", str(error.hint)[:5000])
     history = getattr(error, "partial_history", None) or []
