@@ -75,12 +75,12 @@ class EpochMetricsLogger(tf_keras.callbacks.Callback):
 
 def _shown(name: str, value: float) -> str:
     """A metric as the epoch line shows it: whole examples per second, step time to 10 µs, and losses and
-    metrics to 4 decimals, or in 4 significant digits where that would show a small one as 0.0000."""
+    metrics to 4 decimals, or in 4 significant digits under 0.001, where 4 decimals keep one digit or none."""
     if name == "examples_per_sec":
         return f"{value:.0f}"
     if name == "step_time_ms":
         return f"{value:.2f}"
-    return f"{value:.3e}" if 0 < abs(value) < 5e-5 else f"{value:.4f}"
+    return f"{value:.3e}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
 class CoordinatorValidation(tf_keras.callbacks.Callback):
