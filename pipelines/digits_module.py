@@ -83,7 +83,7 @@ def run_fn(fn_args):
     import tensorflow_transform as tft
     import tf_keras
 
-    from components.trainer.callbacks import standard_callbacks
+    from components.trainer.callbacks import epoch_size, standard_callbacks
     from components.trainer.distill import mode as distill_mode
     from components.trainer.export import export_serving_model
     from components.trainer.strategies import make_strategy
@@ -102,8 +102,9 @@ def run_fn(fn_args):
     train = _dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], True, None)
     if hp["shift_augment"]:
         train = train.map(lambda f, y: _shift_batch(f, y, int(hp["seed"])))
-    steps = fn_args.train_steps or int(_dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], False)
-                                       .reduce(0, lambda n, _: n + 1).numpy())
+    steps, examples = fn_args.train_steps, None
+    if not steps:
+        steps, examples = epoch_size(_dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], False))
     with strategy.scope():
         student = build_mlp(list(hp["hidden"]), hp["activation"], float(hp["dropout"]))
         if distillation:
@@ -115,7 +116,8 @@ def run_fn(fn_args):
                           loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"])
     os.makedirs(fn_args.model_run_dir, exist_ok=True)
-    callbacks = standard_callbacks(fn_args, strategy_name, batch, epochs, config.get("backup_save_freq", "epoch"))
+    callbacks = standard_callbacks(fn_args, strategy_name, batch, epochs, config.get("backup_save_freq", "epoch"),
+                                   examples_per_epoch=examples)
     model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=evaluation,
               validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
     results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)

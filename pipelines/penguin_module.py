@@ -167,16 +167,12 @@ def _dataset(fn_args, files, tf_transform_output, batch_size, seed, shuffle, num
     return dataset.with_options(sharding)
 
 
-def _count_batches(dataset) -> int:
-    return int(dataset.reduce(0, lambda count, _: count + 1).numpy())
-
-
 def run_fn(fn_args):
     """Train the penguin classifier under the planned strategy and export it for serving."""
     import tf_keras
 
     from components.input_pipeline.stall import record_input_stall
-    from components.trainer.callbacks import CoordinatorValidation, standard_callbacks
+    from components.trainer.callbacks import CoordinatorValidation, epoch_size, standard_callbacks
     from components.trainer.export import export_serving_model
     from components.trainer.strategies import make_strategy
 
@@ -196,12 +192,14 @@ def run_fn(fn_args):
         else:
             model = build_model(tf_transform_output, hp["learning_rate"], accumulation)
     os.makedirs(fn_args.model_run_dir, exist_ok=True)
-    callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
-                                   config.get("backup_save_freq", "epoch"))
     # Steps per epoch must be known for BackupAndRestore to resume mid-epoch and for the PS
     # coordinator; the training data then repeats and the steps mark the epoch boundaries.
-    steps = fn_args.train_steps or _count_batches(
-        _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
+    steps, examples = fn_args.train_steps, None
+    if not steps:
+        steps, examples = epoch_size(
+            _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
+    callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
+                                   config.get("backup_save_freq", "epoch"), examples_per_epoch=examples)
     if strategy_name == "parameter_server":
         # The coordinator schedules steps on the workers; each worker makes its own dataset.
         train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(

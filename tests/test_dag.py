@@ -95,6 +95,13 @@ def test_run_record_contents(penguin_dag_run):
         assert [s for s, _ in steps] == list(range(1, TINY_EPOCHS + 1)), metric
     losses = [v for _, v in records.history(summary.mlflow_run_id, "loss")]
     assert losses[-1] < losses[0], "training must make progress"
+    # Throughput counts the train split's examples, not steps x batch_size: the last batch is short.
+    train, batch = summary.examples["train"], int(summary.params["batch_size"])
+    steps = -(-train // batch)
+    assert train % batch, "the test needs a short last batch"
+    for (_, rate), (_, step_ms) in zip(records.history(summary.mlflow_run_id, "examples_per_sec"),
+                                       records.history(summary.mlflow_run_id, "step_time_ms")):
+        assert rate * step_ms * steps / 1000 == pytest.approx(train, rel=1e-6)
     metrics_file = os.path.join(summary.outputs["Trainer"]["model_run"], "metrics.jsonl")
     last = [json.loads(line) for line in open(metrics_file)][-1]
     assert summary.eval_metrics["accuracy"] > 0.8

@@ -21,13 +21,15 @@ class EpochMetricsLogger(tf_keras.callbacks.Callback):
     Throughput and step time are of training alone: validation is timed apart as val_seconds and left
     out, whether it is fit's own (from on_test_begin to on_test_end) or CoordinatorValidation's (which
     puts its time in the logs; the end-of-epoch callbacks before this one, such as a backup, then count
-    as training). `seconds` is the whole epoch, callbacks included.
+    as training). `seconds` is the whole epoch, callbacks included. Examples are steps x batch_size, at most
+    `examples_per_epoch` where the run_fn knows it: an epoch's last batch may be short.
     """
 
-    def __init__(self, out_dir: str, batch_size: int, total_epochs: int):
+    def __init__(self, out_dir: str, batch_size: int, total_epochs: int, examples_per_epoch: int | None = None):
         super().__init__()
         self._path = os.path.join(out_dir, METRICS_FILE)
         self._batch_size = batch_size
+        self._examples_per_epoch = examples_per_epoch
         self._total = total_epochs
         self._started = None
 
@@ -63,7 +65,7 @@ class EpochMetricsLogger(tf_keras.callbacks.Callback):
             epoch=epoch + 1,
             seconds=seconds,
             step_time_ms=1000.0 * train_seconds / steps,
-            examples_per_sec=steps * self._batch_size / train_seconds if train_seconds > 0 else math.nan,
+            examples_per_sec=self._examples(steps) / train_seconds if train_seconds > 0 else math.nan,
         )
         with open(self._path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -71,6 +73,11 @@ class EpochMetricsLogger(tf_keras.callbacks.Callback):
         shown = " ".join(f"{k}={_shown(k, v)}" for k, v in sorted(record.items())
                          if k not in ("epoch", "seconds", "val_seconds"))
         log.info("epoch %d/%d %s eta=%.1fs", epoch + 1, self._total, shown, eta)
+
+
+    def _examples(self, steps: int) -> int:
+        examples = steps * self._batch_size
+        return examples if self._examples_per_epoch is None else min(examples, self._examples_per_epoch)
 
 
 def _shown(name: str, value: float) -> str:
@@ -354,10 +361,22 @@ class TensorBoard(tf_keras.callbacks.TensorBoard):
         super().on_epoch_end(epoch, logs)
 
 
+def epoch_size(dataset) -> tuple[int, int]:
+    """(batches, examples) in one pass over a batched dataset: steps_per_epoch for fit, and standard_callbacks'
+    examples_per_epoch, as the last batch may be short."""
+    import tensorflow as tf
+
+    def count(totals, batch):
+        return totals[0] + 1, totals[1] + tf.shape(tf.nest.flatten(batch)[0])[0]
+
+    batches, examples = dataset.reduce((0, 0), count)
+    return int(batches), int(examples)
+
+
 def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int,
-                       save_freq: int | str = "epoch") -> list:
+                       save_freq: int | str = "epoch", examples_per_epoch: int | None = None) -> list:
     """A divergence check, BackupAndRestore (under every strategy that supports it), TensorBoard, per-epoch
-    metrics, progress."""
+    metrics, progress. `examples_per_epoch`, where known, keeps a short last batch from inflating examples/s."""
     from components.trainer.strategies import BACKUP_CAPABLE, is_chief
 
     every_step = is_chief() and strategy_name != "parameter_server"  # where batch-level callbacks run
@@ -374,7 +393,7 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
         log.warning("BackupAndRestore does not support strategy %s; this run has no backups", strategy_name)
     callbacks += [
         TensorBoard(fn_args.model_run_dir),
-        EpochMetricsLogger(fn_args.model_run_dir, batch_size, epochs),
+        EpochMetricsLogger(fn_args.model_run_dir, batch_size, epochs, examples_per_epoch),
     ]
     # Under parameter servers the coordinator reschedules a failed worker's steps itself, and
     # batch-level callbacks are not allowed.
