@@ -83,6 +83,9 @@ TUNER_RULES = [
      {"first_epoch_window": 123 * 1024, "shuffle_buffer": 1_000_000}),
     ("data parsed within the latency target is permuted whole from the first epoch", {"est_records": 40_000},
      {"first_epoch_window": 40_000, "shuffle_buffer": 40_000}),
+    ("a permuted window is gathered eight chunks at a time", {}, {"parse_batch_size": 1024, "permute_slice": 8192}),
+    ("a window of fewer than eight chunks is gathered whole", {"est_records": 200},
+     {"parse_batch_size": 32, "shuffle_buffer": 200, "permute_slice": 200}),
     ("a bursty producer gets a deeper prefetch", {"batch_time_p95_s": 6e-3}, {"prefetch": 7}),
     ("budgets follow the machine", {"cores": 8, "ram_available_bytes": 8 * GIB},
      {"cpu_budget": 8, "ram_budget_bytes": 4 * GIB}),
@@ -95,7 +98,7 @@ def test_tuner_rules(case, overrides, expected):
     assert {k: getattr(spec, k) for k in expected} == expected, case
     decided = {d["what"] for d in spec.decisions}
     assert {"cycle_length", "vectorized_parse", "map_parallelism", "cache", "shuffle_buffer", "first_epoch_window",
-            "prefetch", "private_threadpool_size", "static_optimizations"} <= decided
+            "permute_slice", "prefetch", "private_threadpool_size", "static_optimizations"} <= decided
     assert all(d["why"] for d in spec.decisions)
     assert spec.measurements["cores"] == _measurements(**overrides).cores
 
@@ -179,6 +182,65 @@ def test_a_streamed_first_epoch_fills_the_cache_that_later_epochs_read(tuned, sh
     ids = np.concatenate([batch["id"].numpy() for batch in dataset])
     assert len(ids) == 3 * 900 and sorted(set(ids.tolist())) == sorted(parsed)
     assert len(parsed) == 900, "every record is parsed once; epochs 2 and 3 read the cache"
+
+
+TAGGED_SCHEMA = schema_utils.schema_from_feature_spec({
+    "id": tf.io.FixedLenFeature([], tf.int64),
+    "x": tf.io.FixedLenFeature([3], tf.float32),
+    "tags": tf.io.VarLenFeature(tf.int64),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+})
+
+
+@pytest.fixture(scope="module")
+def tagged_shards(tmp_path_factory):
+    """Three GZIP shards of 70 examples with a variable-length feature, 0 to 3 tags (= id) each."""
+    folder = tmp_path_factory.mktemp("tagged")
+    for shard in range(3):
+        with tf.io.TFRecordWriter(str(folder / f"part-{shard}.gz"), "GZIP") as writer:
+            for i in range(shard * 1000, shard * 1000 + 70):
+                feature = {
+                    "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i * 0.5, -i])),
+                    "tags": tf.train.Feature(int64_list=tf.train.Int64List(value=[i] * (i % 4))),
+                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 3])),
+                }
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return str(folder)
+
+
+@pytest.mark.parametrize("cache,num_epochs", [("memory", 3), ("none", 1)], ids=["cached", "uncached"])
+def test_gathering_a_window_in_slices_yields_exactly_the_whole_window_permutation(tuned, tagged_shards, cache,
+                                                                                 num_epochs):
+    """Slices are a way to schedule the gather, not a different shuffle: every feature of every batch,
+    dense and sparse, comes out as it does when each window is gathered in one piece."""
+    whole = dataclasses.replace(tuned, schema_fingerprint=input_pipeline.schema_fingerprint(TAGGED_SCHEMA), cache=cache,
+                                parse_batch_size=16, shuffle_buffer=96, first_epoch_window=48, permute_slice=0)
+
+    def batches(spec):
+        dataset = build_dataset(spec, [os.path.join(tagged_shards, "*.gz")], TAGGED_SCHEMA, label_key="label",
+                                batch_size=10, shuffle=True, seed=4, num_epochs=num_epochs)
+        # Sparse rows are compared as lists: a batch's dense_shape is the widest row of the window or
+        # slice it was gathered from, so only the padding that to_dense would add depends on the slice.
+        return [(f["id"].numpy(), f["x"].numpy(), tf.RaggedTensor.from_sparse(f["tags"]).to_list(), label.numpy())
+                for f, label in dataset]
+
+    expected = batches(whole)
+    assert sum(len(ids) for ids, *_ in expected) == 210 * num_epochs
+    ids = np.concatenate([ids for ids, *_ in expected])
+    assert (ids[:210] != np.sort(ids[:210])).mean() > 0.9, "the records are shuffled"
+    for ids, x, tags, labels in expected:  # each record's features stay together through the gather
+        np.testing.assert_array_equal(labels, ids % 3)
+        np.testing.assert_allclose(x, np.stack([ids, ids * 0.5, -ids], axis=1))
+        assert tags == [[record] * (record % 4) for record in ids.tolist()]
+    for permute_slice in (7, 16, 1000):  # a slice that does not divide the window, one chunk, more than a window
+        got = batches(dataclasses.replace(whole, permute_slice=permute_slice))
+        assert len(got) == len(expected)
+        for (ids, x, tags, labels), (want_ids, want_x, want_tags, want_labels) in zip(got, expected):
+            np.testing.assert_array_equal(ids, want_ids)
+            np.testing.assert_array_equal(x, want_x)
+            np.testing.assert_array_equal(labels, want_labels)
+            assert tags == want_tags
 
 
 def test_nondeterministic_tuned_yields_the_same_multiset(tuned, shards):

@@ -35,6 +35,7 @@ class InputPipelineSpec:
     cache: str = "none"
     shuffle_buffer: int = 1024  # records permuted together (a window of chunks)
     first_epoch_window: int = 0  # the window while the shards are first read; 0: shuffle_buffer
+    permute_slice: int = 0  # records gathered at a time from a permuted window; 0: the whole window
     prefetch: int = AUTOTUNE
     ram_budget_bytes: int = 0  # 0: tf.data's default (half the RAM)
     cpu_budget: int = 0  # 0: tf.data's default (all cores)
@@ -56,7 +57,7 @@ class InputPipelineSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or (value < 0 and value != AUTOTUNE):
                 raise SpecError(f"input pipeline spec: {name} must be >= 0 or {AUTOTUNE} (AUTOTUNE), not {value!r}")
-        for name in ("shuffle_buffer", "first_epoch_window", "ram_budget_bytes", "cpu_budget",
+        for name in ("shuffle_buffer", "first_epoch_window", "permute_slice", "ram_budget_bytes", "cpu_budget",
                      "private_threadpool_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise SpecError(f"input pipeline spec: {name} must be a non-negative integer")

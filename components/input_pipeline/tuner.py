@@ -21,6 +21,7 @@ STATIC_OPTIMIZATIONS = {
 MIB = 1024 * 1024
 FIRST_BATCH_LATENCY_S = 0.05  # a parse batch ahead of the cache should not delay the first batch more
 FIRST_EPOCH_WINDOWS = 8  # the first epoch, reading the shards, is permuted in this many windows
+PERMUTE_SLICE_CHUNKS = 8  # a permuted window is gathered this many chunks' worth of records at a time
 
 
 def _wait_ratio(wall: float, cpu: float) -> float:
@@ -108,6 +109,14 @@ def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compressi
                f"epochs, read from the cache, use the full window")
     first_epoch_window = decide("first_epoch_window", first_window, why)
 
+    window = max(shuffle_buffer, first_window)
+    permute_slice = min(window, PERMUTE_SLICE_CHUNKS * parse_batch_size)
+    decide("permute_slice", permute_slice, (
+        f"a permuted window of up to {window} records is gathered {permute_slice} records "
+        f"({PERMUTE_SLICE_CHUNKS} chunks) at a time, {map_parallelism} slice(s) at once: each window's first batch, the "
+        f"start of every epoch included, waits for one slice instead of the whole window"
+        if permute_slice < window else f"windows of {window} records or fewer are gathered whole"))
+
     jitter = m.batch_time_p95_s / m.batch_time_p50_s if m.batch_time_p50_s > 0 else 1.0
     prefetch = decide("prefetch", max(2, min(MAX_PREFETCH, math.ceil(jitter) + 1)), (
         f"producing a batch took {m.batch_time_p50_s * 1e3:.2f} ms at the median and {m.batch_time_p95_s * 1e3:.2f} ms "
@@ -126,7 +135,8 @@ def tune(m: Measurements, *, schema_fingerprint: str, batch_size: int, compressi
         schema_fingerprint=schema_fingerprint, batch_size=batch_size, compression=compression,
         cycle_length=cycle_length, read_parallelism=read_parallelism, deterministic=deterministic,
         vectorized_parse=True, parse_batch_size=parse_batch_size, map_parallelism=map_parallelism, cache=cache,
-        shuffle_buffer=shuffle_buffer, first_epoch_window=first_epoch_window, prefetch=prefetch,
+        shuffle_buffer=shuffle_buffer, first_epoch_window=first_epoch_window, permute_slice=permute_slice,
+        prefetch=prefetch,
         ram_budget_bytes=ram_budget, cpu_budget=cores,
         private_threadpool_size=threads, static_optimizations=dict(STATIC_OPTIMIZATIONS), autotune=False,
         on_corrupt_shard=on_corrupt_shard, measurements=m.to_dict(), decisions=decisions,
