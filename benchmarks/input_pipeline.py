@@ -37,6 +37,9 @@ B1_SOURCES, B1_PER_SOURCE, B1_EPOCHS = 8, 6, 5
 B1_OPEN_S, B1_READ_S, B1_MAP_S, B1_STEP_S = 0.030, 0.015, 0.030, 0.010
 B2_FEATURES, B2_BATCH, B2_WARM_EPOCHS = 16, 256, 2
 VARIANTS = ("naive", "autotune", "tuned")
+# Debian's jemalloc (apt-get install libjemalloc2): B2 runs tuned and serial again with it preloaded,
+# each against the limit measured under the same allocator, where it is installed.
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
 
 # ---------------------------------------------------------------- B1: latency-bound (in process)
@@ -160,6 +163,9 @@ def transform(features):
 def _variant_spec(tuned, variant):
     from components.input_pipeline import autotune_spec, naive_spec
 
+    variant = variant.partition("+")[0]  # "+jemalloc" names the allocator the process runs with, not the spec
+    if variant == "tuned-whole":  # the tuned spec, each permuted window gathered in one piece
+        return dataclasses.replace(tuned, permute_slice=0)
     if variant == "naive":
         return naive_spec(tuned)
     if variant == "autotune":
@@ -203,19 +209,18 @@ def child_b2(spec_path: str, folder: str, variant: str, examples: int, barrier: 
     if barrier:
         print("ready", flush=True)
         sys.stdin.readline()
-    epochs, cpu = [], []
+    epochs, cpu, first_batches = [], [], []
     for _ in range(1 + B2_WARM_EPOCHS):
         start, start_cpu = time.perf_counter(), time.process_time()
         next(iterator)
-        first_batch = time.perf_counter() - start
+        first_batches.append(time.perf_counter() - start)
         for _ in range(batches - 1):
             next(iterator)
         epochs.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
-        if len(epochs) == 1:
-            cold_first_batch = first_batch
     return {"cold_s": epochs[0], "warm_s": median(epochs[1:]), "cold_cpu_s": cpu[0],
-            "cold_first_batch_s": cold_first_batch, "peak_rss_mib": peak_rss_mib()}
+            "cold_first_batch_s": first_batches[0], "warm_first_batch_s": median(first_batches[1:]),
+            "peak_rss_mib": peak_rss_mib()}
 
 
 def child_b3(spec_path: str, folder: str, variant: str, examples: int) -> dict:
@@ -257,9 +262,10 @@ def _child_command(kind, spec_path, folder, variant, examples, barrier=False) ->
 
 
 def _run_child(kind, spec_path, folder, variant, examples) -> dict:
+    env = dict(os.environ, LD_PRELOAD=JEMALLOC) if variant.endswith("+jemalloc") else None
     out = subprocess.run(_child_command(kind, spec_path, folder, variant, examples),
-                         check=True, capture_output=True, text=True,
-                         preexec_fn=_pin(min(os.sched_getaffinity(0))) if variant == "serial" else None)
+                         check=True, capture_output=True, text=True, env=env,
+                         preexec_fn=_pin(min(os.sched_getaffinity(0))) if variant.startswith("serial") else None)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -312,6 +318,7 @@ def _run_split(spec_path, parts: list[tuple[str, int]]) -> dict:
     return {"cold_s": max(r["cold_s"] for r in results), "warm_s": max(r["warm_s"] for r in results),
             "cold_cpu_s": sum(r["cold_cpu_s"] for r in results),
             "cold_first_batch_s": max(r["cold_first_batch_s"] for r in results),
+            "warm_first_batch_s": max(r["warm_first_batch_s"] for r in results),
             "peak_rss_mib": max(r["peak_rss_mib"] for r in results)}
 
 
@@ -331,7 +338,10 @@ def bench_b2_b3(repeats: int, examples: int, shards: int, workdir: str) -> tuple
     spec_path = os.path.join(workdir, "input_pipeline.json")
     cores = machine_facts()["cores"]
     parts = split_shards(files, examples, workdir, cores)
-    b2 = {v: [] for v in (*VARIANTS, "serial", "split")}
+    allocator = ("tuned+jemalloc", "serial+jemalloc") if os.path.exists(JEMALLOC) else ()
+    if not allocator:
+        print(f"{JEMALLOC} is not installed: B2 runs with glibc's allocator only", flush=True)
+    b2 = {v: [] for v in (*VARIANTS, "tuned-whole", "serial", "split", *allocator)}
     b3 = {v: [] for v in ("autotune", "tuned")}
     for rep in range(repeats):
         for variant in b2:
@@ -355,6 +365,15 @@ def bench_b2_b3(repeats: int, examples: int, shards: int, workdir: str) -> tuple
         "split_cold_over_limit": summary2["split"]["cold_s"] / limit,
         "split_cpu_over_serial": summary2["split"]["cold_cpu_s"] / summary2["serial"]["cold_cpu_s"],
         "tuned_cold_over_split": median([t["cold_s"] / s["cold_s"] for t, s in zip(b2["tuned"], b2["split"])]),
+        "sliced_over_whole": {key: median([t[key] / w[key] for t, w in zip(b2["tuned"], b2["tuned-whole"])])
+                              for key in ("cold_s", "warm_s", "warm_first_batch_s")},
+        "jemalloc": {"tuned_cold_over_limit": summary2["tuned+jemalloc"]["cold_s"]
+                     / (summary2["serial+jemalloc"]["cold_s"] / cores),
+                     "tuned_cold_over_glibc": median([j["cold_s"] / g["cold_s"]
+                                                      for j, g in zip(b2["tuned+jemalloc"], b2["tuned"])]),
+                     "serial_cold_over_glibc": median([j["cold_s"] / g["cold_s"]
+                                                       for j, g in zip(b2["serial+jemalloc"], b2["serial"])])}
+                    if allocator else None,
         "warm_speedup_over_autotune": summary2["autotune"]["warm_s"] / summary2["tuned"]["warm_s"],
         "tuned_decisions": {d["what"]: d["value"] for d in tuned.decisions if not isinstance(d["value"], dict)},
         "targets": {"cold_le_1.10_limit": summary2["tuned"]["cold_s"] <= 1.10 * limit,
@@ -368,6 +387,25 @@ def bench_b2_b3(repeats: int, examples: int, shards: int, workdir: str) -> tuple
 
 def _yes(ok: bool) -> str:
     return "met" if ok else "**missed**"
+
+
+def _allocator_lines(b2: dict) -> list[str]:
+    """B2's tuned and serial runs again with jemalloc preloaded: how much of the miss is glibc's malloc."""
+    if not b2.get("jemalloc"):
+        return [f"With jemalloc: not measured ({JEMALLOC} is not installed).", ""]
+    m2, j = b2["medians"], b2["jemalloc"]
+    return [
+        "| with jemalloc preloaded | cold epoch s | cold epoch CPU s (all threads) | warm epoch s | peak RSS MiB |",
+        "|---|---|---|---|---|",
+        *[f"| {name} | {m2[name]['cold_s']:.2f} | {m2[name]['cold_cpu_s']:.2f} | {m2[name]['warm_s']:.2f} | "
+          f"{m2[name]['peak_rss_mib']:.0f} |" for name in ("tuned+jemalloc", "serial+jemalloc")],
+        "",
+        f"With jemalloc, against the limit measured with it: tuned cold {j['tuned_cold_over_limit']:.2f}x the limit. "
+        f"jemalloc / glibc, median of per-repeat ratios: tuned cold {j['tuned_cold_over_glibc']:.2f}x, serial cold "
+        f"{j['serial_cold_over_glibc']:.2f}x. The allocator is the process's, set when it starts (`LD_PRELOAD`), "
+        f"not part of the spec.",
+        "",
+    ]
 
 
 def table(b1: dict, b2: dict, b3: dict, repeats: int) -> str:
@@ -394,12 +432,17 @@ def table(b1: dict, b2: dict, b3: dict, repeats: int) -> str:
         f"batch {B2_BATCH}, {b2['cores']} cores)",
         "",
         "| pipeline | cold epoch s | cold epoch CPU s (all threads) | cold first batch s | warm epoch s "
-        "| peak RSS MiB |",
-        "|---|---|---|---|---|---|",
+        "| warm first batch ms | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|",
         *[f"| {name} | {m2[name]['cold_s']:.2f} | {m2[name]['cold_cpu_s']:.2f} | "
-          f"{m2[name]['cold_first_batch_s']:.3f} | {m2[name]['warm_s']:.2f} | "
-          f"{m2[name]['peak_rss_mib']:.0f} |" for name in (*VARIANTS, "serial", "split")],
-        f"| limit = serial cold / {b2['cores']} cores | {b2['limit_s']:.2f} | | | | |",
+          f"{m2[name]['cold_first_batch_s']:.3f} | {m2[name]['warm_s']:.2f} | {m2[name]['warm_first_batch_s'] * 1e3:.1f} | "
+          f"{m2[name]['peak_rss_mib']:.0f} |" for name in (*VARIANTS, "tuned-whole", "serial", "split")],
+        f"| limit = serial cold / {b2['cores']} cores | {b2['limit_s']:.2f} | | | | | |",
+        "",
+        f"tuned-whole = the tuned spec with each permuted window gathered in one piece (`permute_slice=0`), as before "
+        f"the tuner chose slices; tuned / tuned-whole, median of per-repeat ratios: cold epoch "
+        f"{b2['sliced_over_whole']['cold_s']:.2f}x, warm epoch {b2['sliced_over_whole']['warm_s']:.2f}x, wait for a "
+        f"warm epoch's first batch {b2['sliced_over_whole']['warm_first_batch_s']:.2f}x.",
         "",
         f"split = the serial pipeline in {b2['cores']} processes at once, each pinned to its own core with 1/{b2['cores']} "
         f"of the shards (cold: the slowest; CPU: their sum). It shares no queue, thread or process between cores, "
@@ -411,6 +454,7 @@ def table(b1: dict, b2: dict, b3: dict, repeats: int) -> str:
         f"Warm >= 1.5x faster than AUTOTUNE: {_yes(b2['targets']['warm_ge_1.5x_autotune'])} "
         f"({b2['warm_speedup_over_autotune']:.1f}x). For reference, naive cold / cores = {b2['naive_over_cores_s']:.2f} s.",
         "",
+        *_allocator_lines(b2),
         "**B3, real consumer** (tf_keras MLP 16-256-256-2 trained on the same cores, its input matrix built in the "
         "transform before the cache; stall = 1 - step time from memory / step time from the pipeline: warm = the 5 "
         "epochs after the first, in 50-step blocks alternating with the same batches from memory; cold = the first "
