@@ -121,8 +121,8 @@ def _with_order(window, key):
 def _slices(window, order, slice_rows: int):
     """(window, rows) pairs that take the window's permuted rows `slice_rows` at a time.
 
-    Each pair holds the window itself, not a copy, so cutting costs nothing; the gathering is left
-    to a parallel map, and a window's first batch waits for one slice instead of the whole window.
+    Each pair holds the window itself, not a copy, so cutting costs nothing. The gathering is left to
+    a parallel map, so the copies it and the unpacking make are slice-sized, not window-sized.
     """
     import tensorflow as tf
 
