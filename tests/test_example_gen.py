@@ -3,6 +3,7 @@ import glob
 import gzip
 import math
 import os
+import re
 
 import pytest
 import tensorflow as tf
@@ -224,6 +225,20 @@ def test_reads_existing_tfrecords_and_rejects_corrupt_ones(tmp_path):
     with pytest.raises(InputDataError, match=r"corrupt.tfrecord.gz: corrupted TFRecord after record \d+ "
                                              r"\((corrupted|truncated) record at \d+[^{}\[\]]*\)$"):
         _run(tmp_path, {"input_path": str(corrupt), "input_format": "tfrecord"}, "bad")
+    # TF's GZIP reader stops at the last whole record: a copy cut inside the trailer read as complete.
+    whole = open(glob.glob(first["examples"] + "/Split-train/*.gz")[0], "rb").read()
+    cut = tmp_path / "cut.tfrecord.gz"
+    for missing in (4, 9):
+        cut.write_bytes(whole[:-missing])
+        with pytest.raises(InputDataError) as err:
+            _run(tmp_path, {"input_path": str(cut), "input_format": "tfrecord"}, f"cut{missing}")
+        assert re.fullmatch(rf"{cut}: corrupted GZIP data after record \d+ \(the file ends before its GZIP "
+                            r"end-of-stream marker and trailer\)", str(err.value)), str(err.value)
+    # Concatenated members (`cat train.gz eval.gz`) are one valid GZIP file, and every record in both is read.
+    both = tmp_path / "both.tfrecord.gz"
+    both.write_bytes(b"".join(open(f, "rb").read() for f in sorted(glob.glob(first["examples"] + "/Split-*/*.gz"))))
+    props, _ = _run(tmp_path, {"input_path": str(both), "input_format": "tfrecord"}, "both")
+    assert sum(props["split_counts"].values()) == 90
     # A CSV file read as TFRecord was "corrupted after record 0", quoting TF's op-level message.
     with pytest.raises(InputDataError) as err:
         _run(tmp_path, {"input_path": csv, "input_format": "tfrecord"}, "csv")
