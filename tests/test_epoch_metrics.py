@@ -64,3 +64,25 @@ def test_throughput_counts_the_examples_of_a_short_last_batch(tmp_path):
     for row in read_metrics(str(tmp_path)):
         train_seconds = row["step_time_ms"] * 8 / 1000.0
         assert row["examples_per_sec"] == pytest.approx(60 / train_seconds, rel=1e-6)
+
+
+def test_a_batch_size_above_the_training_split_is_named_in_a_warning(tmp_path, caplog):
+    """batch_size 512 on penguin's ~230 train examples trained one short step per epoch, and nothing said so."""
+    import types
+
+    from components.trainer.callbacks import epoch_size, standard_callbacks
+
+    fn_args = types.SimpleNamespace(working_dir=str(tmp_path / "work"), model_run_dir=str(tmp_path / "run"))
+    data = tf.data.Dataset.from_tensor_slices(np.ones((60, 3), np.float32))
+    for batch_size in (64, 60, 8):
+        steps, examples = epoch_size(data.batch(batch_size))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hpml.trainer"):
+            standard_callbacks(fn_args, "one_device", batch_size, epochs=1, examples_per_epoch=examples)
+        warnings = [r.getMessage() for r in caplog.records if "training examples" in r.getMessage()]
+        if batch_size > 60:
+            assert steps == 1
+            assert warnings == ["batch_size 64 is larger than the 60 training examples: each epoch is one step of "
+                                "60 examples; lower batch_size for more than one step per epoch"]
+        else:
+            assert warnings == [], batch_size

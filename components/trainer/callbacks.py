@@ -373,12 +373,22 @@ def epoch_size(dataset) -> tuple[int, int]:
     return int(batches), int(examples)
 
 
+def _warn_of_one_short_batch(batch_size: int, examples_per_epoch: int | None) -> None:
+    """A batch_size above the training split trains without complaint, one short step per epoch: say so, as
+    the usual cause is a batch_size meant for a larger data set."""
+    if examples_per_epoch is not None and 0 < examples_per_epoch < batch_size:
+        log.warning("batch_size %d is larger than the %d training examples: each epoch is one step of %d "
+                    "examples; lower batch_size for more than one step per epoch", batch_size,
+                    examples_per_epoch, examples_per_epoch)
+
+
 def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int,
                        save_freq: int | str = "epoch", examples_per_epoch: int | None = None) -> list:
     """A divergence check, BackupAndRestore (under every strategy that supports it), TensorBoard, per-epoch
     metrics, progress. `examples_per_epoch`, where known, keeps a short last batch from inflating examples/s."""
     from components.trainer.strategies import BACKUP_CAPABLE, is_chief
 
+    _warn_of_one_short_batch(batch_size, examples_per_epoch)
     every_step = is_chief() and strategy_name != "parameter_server"  # where batch-level callbacks run
     # First, so that no later callback (the backup above all) runs once the loss is seen to be non-finite.
     callbacks = [StopOnDivergenceEveryStep(epochs) if every_step else StopOnDivergence(epochs)]
