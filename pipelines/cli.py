@@ -81,6 +81,8 @@ def _raise_recorded_failure(mlflow_run_id: str | None, fallback: str) -> None:
         print(f"run report (the run failed in {node}): {tags['hpml.report']}", file=sys.stderr)
     if not (error and node):
         raise HpmlError(fallback, hint="the task log above names the failing component")
+    if error == "KeyboardInterrupt":  # Ctrl-C reached the task, which Airflow records as a failure
+        raise KeyboardInterrupt
     raise HpmlError(f"{node} failed: {error}",
                     hint=tags.get("hpml.error_hint") or f"{fallback}; the task log above has the traceback")
 
