@@ -191,6 +191,26 @@ def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException, metric_p
     mlflow_client.set_terminated(mlflow_run_id, status="FAILED")
 
 
+RETRIED_TAG = "hpml.retried."  # + node id: the error of the try before, once a later try of that node starts
+_FAILURE_TAGS = ("hpml.failed_node", "hpml.error", "hpml.error_hint")
+
+
+def reopen_for_retry(mlflow_run_id: str, node_id: str) -> str | None:
+    """Where the record is FAILED in `node_id`, a new try of that node (an Airflow retry) has started: the record
+    is running again, and the failed try's error moves to a `hpml.retried.<node>` tag. The error, or None."""
+    mlflow_client = client()
+    tags = mlflow_client.get_run(mlflow_run_id).data.tags
+    if tags.get("hpml.failed_node") != node_id:
+        return None
+    error = tags.get("hpml.error", "")
+    mlflow_client.set_tag(mlflow_run_id, f"{RETRIED_TAG}{node_id}", error)
+    for key in _FAILURE_TAGS:
+        if key in tags:
+            mlflow_client.delete_tag(mlflow_run_id, key)
+    mlflow_client.update_run(mlflow_run_id, status="RUNNING")
+    return error
+
+
 def finish(mlflow_run_id: str) -> None:
     client().set_terminated(mlflow_run_id, status="FINISHED")
 

@@ -136,6 +136,8 @@ def collect(mlflow_run_id: str) -> dict:
                         if k in metrics},
         "failed_node": summary.tags.get("hpml.failed_node"), "error": summary.tags.get("hpml.error"),
         "error_hint": summary.tags.get("hpml.error_hint"),
+        "retried": {k[len(records.RETRIED_TAG):]: v for k, v in sorted(summary.tags.items())
+                    if k.startswith(records.RETRIED_TAG)},
         "run_dir": summary.tags.get("hpml.run_dir"),
         "node_curves": node_curves,
         "evaluation": _read_json(os.path.join(evaluation_dir, "results.json")) if evaluation_dir else None,
@@ -206,6 +208,8 @@ def render(data: dict, pngs: dict[str, str]) -> str:
                      f"{html.escape(data['error'] or '')}</p>")
         if data.get("error_hint"):
             parts.append(f"<p>What to do: {html.escape(data['error_hint'])}</p>")
+    for node, error in data.get("retried", {}).items():
+        parts.append(f"<p>{html.escape(node)} was retried; a try before failed: {html.escape(error)}</p>")
     parts.append("<h2>Parameters</h2>" + _table(data["params"].items(), ("parameter", "value")))
     if data["data"]["examples"]:
         parts.append(_data_section(data["data"]))

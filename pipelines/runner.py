@@ -80,6 +80,10 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
     # Metrics of a node named after its component keep their plain names (penguin's "loss");
     # several nodes of one component (Teacher_0, Student_scratch) get their node id as a prefix.
     prefix = "" if node.id == node.component.name else f"{node.id}."
+    earlier_error = records.reopen_for_retry(context.mlflow_run_id, node.id)
+    if earlier_error is not None:
+        log.warning("%s: retrying after: %s", node.id, earlier_error)
+        write_report(context, f"{node.id} is being retried")  # the last one said FAILED
     started = time.perf_counter()
     try:
         properties = node.component.run(inputs, outputs, node.params(context.params))

@@ -179,3 +179,45 @@ def test_runs_started_at_once_on_a_fresh_home_set_up_its_stores_once(tmp_path):
     store = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     runs = store.search_runs([store.get_experiment_by_name("first_run").experiment_id])
     assert sorted(r.info.run_name for r in runs) == names
+
+
+def test_a_node_tried_again_after_failing_reopens_the_record_and_the_report_says_it_was_retried(tmp_path):
+    """A retried (or cleared) Airflow task runs its node again in the same run. The record stayed FAILED, with
+    the old error, through the new try and after it succeeded, so the final report said "Status FINISHED"
+    and "Failed in ExampleGen" on one page."""
+    from components.example_gen import EXAMPLE_GEN
+    from pipelines import report, runner
+    from pipelines.definition import Node, Pipeline
+    from tests.helpers import write_csv
+
+    header = "species,island,bill_length_mm,year"
+    rows = [f"{'Adelie' if i % 2 else 'Gentoo'},Dream,{40 + i % 7}.5,2008" for i in range(40)]
+    data = write_csv(tmp_path / "penguins.csv", header, [*rows[:5], "Adelie,Dream,abc,2008", *rows[5:]])
+    pipeline = Pipeline(name="retry_test", params_schema={"type": "object", "properties": {}}, nodes=(
+        Node("ExampleGen", EXAMPLE_GEN, params=lambda p: {"input_path": data, "numeric_columns": ["bill_length_mm"]}),
+    ))
+    context = runner.start(pipeline, {})
+    with pytest.raises(HpmlError, match=r"penguins.csv:7: column 'bill_length_mm' must hold a number"):
+        runner.execute_node(pipeline, "ExampleGen", context, {})
+    failed = records.load(context.mlflow_run_id)
+    assert failed.status == "FAILED" and failed.tags["hpml.failed_node"] == "ExampleGen"
+
+    write_csv(data, header, rows)  # the data is fixed, and the task cleared
+    runner.execute_node(pipeline, "ExampleGen", context, {})
+    retried = records.load(context.mlflow_run_id)
+    assert retried.status == "RUNNING", "the record is open again once a new try succeeds"
+    assert not {"hpml.failed_node", "hpml.error", "hpml.error_hint"} & set(retried.tags), retried.tags
+    assert retried.tags["hpml.retried.ExampleGen"].startswith(
+        "InputDataError: " + data + ":7: column 'bill_length_mm' must hold a number")
+    assert retried.examples == {"train": retried.examples["train"], "eval": 40 - retried.examples["train"]}
+    # The report the failed try wrote is written again as the new try starts: it no longer says FAILED.
+    page = open(retried.tags["hpml.report"], encoding="utf-8").read()
+    assert "Status <b>RUNNING</b>" in page and "Failed in" not in page
+    assert "ExampleGen was retried; a try before failed: InputDataError: " in page
+
+    runner.finish(context)
+    summary = records.load(context.mlflow_run_id)
+    page = open(summary.tags["hpml.report"], encoding="utf-8").read()
+    assert summary.status == "FINISHED" and "Status <b>FINISHED</b>" in page
+    assert "Failed in" not in page and "What to do:" not in page
+    assert "ExampleGen was retried; a try before failed: InputDataError: " in page
