@@ -7,10 +7,12 @@ between tasks as XCom; `finish_run` closes the record. Tasks never touch Airflow
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import DAG, Asset, Param, task
+from airflow.sdk.exceptions import AirflowFailException
 
+from components.errors import HpmlError, SpecError
 from pipelines import runner
 from pipelines.definition import Pipeline
 
@@ -50,8 +52,27 @@ def _schedule(default: str | None) -> str | None:
     return None if value.lower() in ("", "none") else value
 
 
+def _task_retries() -> dict:
+    """HPML_TASK_RETRIES (a whole number) gives every component task that many retries, HPML_TASK_RETRY_DELAY_S
+    seconds apart (default 60). Unset, Airflow's own setting applies; `dag.test`, which `hpml run --engine
+    airflow` uses, gives every task Airflow's class default of none whatever `default_task_retries` says."""
+    retries, delay = os.environ.get("HPML_TASK_RETRIES"), os.environ.get("HPML_TASK_RETRY_DELAY_S", "60")
+    if retries is None:
+        return {}
+    if not retries.strip().isdigit():
+        raise SpecError(f"HPML_TASK_RETRIES must be a whole number of at least 0, not {retries!r}")
+    try:
+        seconds = float(delay)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise SpecError(f"HPML_TASK_RETRY_DELAY_S must be a number of seconds of at least 0, not {delay!r}")
+    return {"retries": int(retries), "retry_delay": timedelta(seconds=seconds)}
+
+
 def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
     asset = model_asset(pipeline)
+    retries = _task_retries()
     with DAG(
         dag_id=pipeline.name,
         schedule=_schedule(schedule),
@@ -76,9 +97,14 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
         for node in pipeline.nodes:
             produces_model = "model" in node.component.outputs
 
-            @task(task_id=node.id, outlets=[asset] if produces_model else [])
+            @task(task_id=node.id, outlets=[asset] if produces_model else [], **retries)
             def run_node(context: dict, upstream: dict, node_id: str = node.id, outlet_events=None):
-                result = runner.execute_node(pipeline, node_id, runner.RunContext(**context), upstream)
+                try:
+                    result = runner.execute_node(pipeline, node_id, runner.RunContext(**context), upstream)
+                except (HpmlError, KeyboardInterrupt) as err:
+                    # Bad input or parameters fail every try the same way, and a retry would undo a Ctrl-C:
+                    # no retries for these. Other errors (a lost worker, a full disk) keep the task's retries.
+                    raise AirflowFailException(f"{node_id}: {type(err).__name__}: {err}") from err
                 if outlet_events is not None and "model" in result.outputs:
                     outlet_events[asset].extra = {"uri": result.outputs["model"], "run_id": context["run_id"]}
                 return result.outputs

@@ -9,8 +9,8 @@ import pytest
 HPML = [sys.executable, "-m", "pipelines.cli"]
 
 
-def _hpml(*args, timeout=600, columns=200):
-    env = dict(os.environ, COLUMNS=str(columns))
+def _hpml(*args, timeout=600, columns=200, **env_vars):
+    env = dict(os.environ, COLUMNS=str(columns), **env_vars)
     return subprocess.run([*HPML, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -186,13 +186,15 @@ def test_errors_are_one_line_plus_hint_without_traceback(args, first_line):
 @pytest.mark.parametrize("engine", ["local", "airflow"])
 def test_a_failed_component_ends_in_its_own_error_and_hint_on_either_engine(engine, airflow_db, tmp_path):
     """Under Airflow the component fails in a task process: the CLI reads its error and hint back from the
-    run record instead of printing only the DAG run's state."""
+    run record instead of printing only the DAG run's state. Where tasks have retries, bad input uses none:
+    every try would fail the same way."""
     from tests.helpers import write_csv
 
     csv = write_csv(tmp_path / "penguins.csv", "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,"
                     "body_mass_g,sex,year", ["Adelie,Dream,39.1,18.7,181,3750,male,2007"] * 5
                     + ["Adelie,Dream,39.1,18.7,181,heavy,male,2007"])
-    done = _hpml("run", "penguin", "--engine", engine, "--param", f"data_path={csv}")
+    retries = {"HPML_TASK_RETRIES": "2", "HPML_TASK_RETRY_DELAY_S": "0"}
+    done = _hpml("run", "penguin", "--engine", engine, "--param", f"data_path={csv}", **retries)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
     where = "ExampleGen failed: InputDataError: " if engine == "airflow" else ""
@@ -213,6 +215,13 @@ def test_a_failed_component_ends_in_its_own_error_and_hint_on_either_engine(engi
     assert "What to do: fix the row, or set skip_bad_rows=true" in page
     assert "<h2>Input pipeline</h2>" not in page, "no empty section for a component that never ran"
     assert f"run report (the run failed in ExampleGen): {tags['hpml.report']}" in done.stderr
+    if engine == "airflow":
+        from airflow.models import DagRun
+
+        run = DagRun.find(dag_id="penguin", run_id=tags["airflow.run_id"])[0]
+        tries = {ti.task_id: (ti.state, ti.try_number, ti.max_tries) for ti in run.get_task_instances()}
+        assert tries["ExampleGen"] == ("failed", 1, 2), f"one try, with 2 retries left unused: {tries}"
+        assert "hpml.retried.ExampleGen" not in tags
 
 
 @pytest.mark.parametrize("engine", ["local", "airflow"])

@@ -134,3 +134,37 @@ def test_a_nan_in_the_run_conf_fails_start_run_and_nothing_else_runs(airflow_db)
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert run.state == "failed" and states["start_run"] == "failed", states
     assert not any(state == "success" for task, state in states.items() if task != "start_run"), states
+
+
+def test_task_retries_come_from_the_environment_and_bad_values_are_named(monkeypatch, airflow_db):
+    """dag.test gives every task no retries whatever Airflow's default_task_retries says; HPML_TASK_RETRIES is
+    how a run under `hpml run --engine airflow` (and any scheduler) gets them."""
+    from datetime import timedelta
+
+    from components.errors import SpecError
+    from pipelines.airflow_dag import build_dag
+    from pipelines.penguin import PIPELINE
+
+    monkeypatch.delenv("HPML_TASK_RETRIES", raising=False)
+    plain = build_dag(PIPELINE)
+    monkeypatch.setenv("HPML_TASK_RETRIES", "3")
+    monkeypatch.setenv("HPML_TASK_RETRY_DELAY_S", "7.5")
+    dag = build_dag(PIPELINE)
+    for node in ("ExampleGen", "Transform", "Trainer"):
+        assert (dag.task_dict[node].retries, dag.task_dict[node].retry_delay) == (3, timedelta(seconds=7.5))
+        assert dag.task_dict[node].retries != plain.task_dict[node].retries
+    assert dag.task_dict["start_run"].retries == plain.task_dict["start_run"].retries, "parameters: no retry"
+    for name, value, message in [
+        ("HPML_TASK_RETRIES", "-1", "HPML_TASK_RETRIES must be a whole number of at least 0, not '-1'"),
+        ("HPML_TASK_RETRIES", "two", "HPML_TASK_RETRIES must be a whole number of at least 0, not 'two'"),
+        ("HPML_TASK_RETRY_DELAY_S", "soon", "HPML_TASK_RETRY_DELAY_S must be a number of seconds of at least 0, "
+                                            "not 'soon'"),
+        ("HPML_TASK_RETRY_DELAY_S", "nan", "HPML_TASK_RETRY_DELAY_S must be a number of seconds of at least 0, "
+                                           "not 'nan'"),
+    ]:
+        monkeypatch.setenv("HPML_TASK_RETRIES", "1")
+        monkeypatch.setenv("HPML_TASK_RETRY_DELAY_S", "0")
+        monkeypatch.setenv(name, value)
+        with pytest.raises(SpecError) as err:
+            build_dag(PIPELINE)
+        assert str(err.value) == message
