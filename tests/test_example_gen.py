@@ -225,13 +225,23 @@ def test_reads_existing_tfrecords_and_rejects_corrupt_ones(tmp_path):
     with pytest.raises(InputDataError, match=r"corrupt.tfrecord.gz: corrupted TFRecord after record \d+ "
                                              r"\((corrupted|truncated) record at \d+[^{}\[\]]*\)$"):
         _run(tmp_path, {"input_path": str(corrupt), "input_format": "tfrecord"}, "bad")
-    # TF's GZIP reader stops at the last whole record: a copy cut inside the trailer read as complete.
+    # TF's GZIP reader stops at the last whole record and never reads the trailer: a copy cut inside the
+    # trailer read as complete, and so did the file of a writer killed after a flush, with records missing.
     whole = open(glob.glob(first["examples"] + "/Split-train/*.gz")[0], "rb").read()
     cut = tmp_path / "cut.tfrecord.gz"
-    for missing in (4, 9):
-        cut.write_bytes(whole[:-missing])
+    records = [e.SerializeToString() for e in _read(glob.glob(first["examples"] + "/Split-*/*.gz")[0])]
+    with tf.io.TFRecordWriter(str(tmp_path / "flushed.gz"), options="GZIP") as writer:
+        for record in records[:20]:
+            writer.write(record)
+            writer.flush()
+        flushed = open(tmp_path / "flushed.gz", "rb").read()  # what a writer killed here leaves
+    assert len(_read(str(tmp_path / "flushed.gz"))) == 20
+    for name, data in (("trailer", whole[:-4]), ("flushed", flushed)):
+        cut.write_bytes(data)
+        if name == "flushed":
+            assert [r.numpy() for r in tf.data.TFRecordDataset(str(cut), "GZIP")] == records[:20], "no error in TF"
         with pytest.raises(InputDataError) as err:
-            _run(tmp_path, {"input_path": str(cut), "input_format": "tfrecord"}, f"cut{missing}")
+            _run(tmp_path, {"input_path": str(cut), "input_format": "tfrecord"}, name)
         assert re.fullmatch(rf"{cut}: corrupted GZIP data after record \d+ \(the file ends before its GZIP "
                             r"end-of-stream marker and trailer\)", str(err.value)), str(err.value)
     # Concatenated members (`cat train.gz eval.gz`) are one valid GZIP file, and every record in both is read.
