@@ -177,27 +177,28 @@ class _SkippedRows:
             log.warning("skipped bad row %s: %s", where, problem)
 
 
-def _kind_of(text: str) -> int:
-    """INT, FLOAT or BYTES: the narrowest kind that holds `text`. int() and float() also read '2023_01' as
-    202301 and non-ASCII digits as numbers; a CSV cell like that is text."""
+def _parse(text: str) -> tuple[int, int | float | None]:
+    """The narrowest kind that holds `text`, with its value: (INT, int), (FLOAT, float) or (BYTES, None). int()
+    and float() also read '2023_01' as 202301 and non-ASCII digits as numbers; a CSV cell like that is text.
+    Each stage parses a cell once with this: a number's kind and value come from the same parse."""
     if "_" in text or not text.isascii():
-        return BYTES
+        return BYTES, None
     try:
-        # An integer beyond 64 bits is text, as TFX's CSV decoder reads it: more often an id than a quantity.
-        return INT if _INT64_MIN <= int(text) <= _INT64_MAX else BYTES
+        number = int(text)
     except ValueError:
         pass
+    else:
+        # An integer beyond 64 bits is text, as TFX's CSV decoder reads it: more often an id than a quantity.
+        return (INT, number) if _INT64_MIN <= number <= _INT64_MAX else (BYTES, None)
     try:
-        float(text)
-        return FLOAT
+        return FLOAT, float(text)
     except ValueError:
-        return BYTES
+        return BYTES, None
 
 
-def _unstorable(text: str) -> str | None:
-    """Why a number cell cannot go into a tf.Example, or None: an infinity, or a finite number beyond the
-    range of float32, which a tf.Example stores as an infinity."""
-    number = float(text)
+def _unstorable(number: float, text: str) -> str | None:
+    """Why a float cell (`number`, read from `text`) cannot go into a tf.Example, or None: an infinity, or a
+    finite number beyond the range of float32, which a tf.Example stores as an infinity."""
     if math.isinf(number):
         return f"must hold a finite number, got {text!r}"
     if abs(number) > _FLOAT32_MAX:
@@ -206,7 +207,7 @@ def _unstorable(text: str) -> str | None:
 
 
 def _not_a_number(text: str) -> str:
-    """The problem with a text cell in a declared numeric column. A long integer reads as text (_kind_of)."""
+    """The problem with a text cell in a declared numeric column. A long integer reads as text (_parse)."""
     detail = ""
     if text.isascii() and "_" not in text:
         try:
@@ -220,8 +221,8 @@ def _not_a_number(text: str) -> str:
 def _column_kind_of(text: str) -> int:
     """The kind a cell asks of its column. NaN and unstorable numbers ask for no float: NaN is a missing
     value and an unstorable number's row is refused, so neither may widen a column of integers to floats."""
-    kind = _kind_of(text)
-    if kind == FLOAT and (math.isnan(float(text)) or _unstorable(text)):
+    kind, number = _parse(text)
+    if kind == FLOAT and (math.isnan(number) or _unstorable(number, text)):
         return INT
     return kind
 
@@ -243,15 +244,29 @@ class ReadCsvRows(beam.DoFn):
         self._numeric_names = set(numeric_columns)
         self._skipped = _SkippedRows()
 
-    def _cell(self, name: str, value: str) -> str | None:
-        """A cell's text, or None where it is missing: one of na_values, or NaN in a numeric column. NaN is how
-        pandas and numpy write a missing number; kept as a value, it would turn the column's mean (and every
-        z-score computed from it) into NaN."""
-        value = value.strip()
-        if value in self._na or (name in self._numeric_names and _kind_of(value) != BYTES
-                                 and math.isnan(float(value))):
-            return None
-        return value
+    def _cells(self, fields: list[str]) -> tuple[dict, dict]:
+        """The row's {column: text, or None where it is missing}, and {numeric column: its problem} (most
+        rows: empty). Missing is one of na_values, or NaN in a numeric column: NaN is how pandas and numpy
+        write a missing number, and kept as a value it would turn the column's mean (and every z-score
+        computed from it) into NaN."""
+        values, problems = {}, {}
+        for name, text in zip(self._header, fields):
+            text = text.strip()
+            if text in self._na:
+                text = None
+            elif name in self._numeric_names:
+                kind, number = _parse(text)
+                if kind == BYTES:
+                    problems[name] = _not_a_number(text)
+                elif kind == FLOAT:
+                    if math.isnan(number):
+                        text = None
+                    else:
+                        problem = _unstorable(number, text)
+                        if problem:
+                            problems[name] = problem
+            values[name] = text
+        return values, problems
 
     def _undecodable(self, values: dict) -> str | None:
         """The first cell holding bytes the encoding cannot decode, as a problem; None when there is none."""
@@ -261,20 +276,16 @@ class ReadCsvRows(beam.DoFn):
                 return f"column {name!r} is not {label(self._encoding)} text ({bad_bytes})"
         return None
 
-    def _problem(self, fields: list[str], values: dict) -> str | None:
+    def _problem(self, fields: list[str], values: dict, numeric_problems: dict) -> str | None:
         """What is wrong with a row, or None."""
         if len(fields) != len(self._header):
             return f"expected {len(self._header)} fields, got {len(fields)}"
         for name in self._required:
             if values[name] is None:
                 return f"required column {name!r} has no value"
-        for name in self._numeric:
-            value = values[name]
-            if value is None:
-                continue
-            problem = _not_a_number(value) if _kind_of(value) == BYTES else _unstorable(value)
-            if problem:
-                return f"column {name!r} {problem}"
+        if numeric_problems:
+            name = next(n for n in self._numeric if n in numeric_problems)  # the first declared
+            return f"column {name!r} {numeric_problems[name]}"
         return None
 
     def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
@@ -286,9 +297,9 @@ class ReadCsvRows(beam.DoFn):
                     line = reader.line_num
                     if not fields:
                         continue  # a blank line
-                    values = {name: self._cell(name, value) for name, value in zip(self._header, fields)}
+                    values, numeric_problems = self._cells(fields)
                     bad_bytes = None if "".join(fields).isascii() else self._undecodable(values)  # ASCII: 0.13 µs
-                    problem = bad_bytes or self._problem(fields, values)
+                    problem = bad_bytes or self._problem(fields, values, numeric_problems)
                     if problem is not None:
                         if self._skip:
                             self._skipped.skip(f"{path}:{line}", problem)
@@ -358,20 +369,25 @@ class CsvRowsToExamples(beam.DoFn):
             if kind == BYTES:
                 example.features.feature[name].bytes_list.value.append(text.encode("utf-8"))
                 continue
+            if kind == INT:
+                try:
+                    integer = int(text)
+                except ValueError:  # a column of integers also holds NaN, and floats too large to store
+                    integer = None
+                if integer is not None:  # looked up only now: the lookup alone adds the feature
+                    example.features.feature[name].int64_list.value.append(integer)
+                    continue
             number = float(text)
             if math.isnan(number):
                 continue
-            problem = _unstorable(text)
+            problem = _unstorable(number, text)
             if problem:
                 problem = f"column {name!r} {problem}"
                 if self._skip:
                     self._skipped.skip(f"{path}:{line}", problem)
                     return
                 raise InputDataError(f"{path}:{line}: {problem}", hint="fix the row, or set skip_bad_rows=true")
-            if kind == INT:
-                example.features.feature[name].int64_list.value.append(int(text))
-            else:
-                example.features.feature[name].float_list.value.append(number)
+            example.features.feature[name].float_list.value.append(number)
         # Deterministic: map order would otherwise vary per process, and the hash split with it.
         yield path, line, example.SerializeToString(deterministic=True)
 
