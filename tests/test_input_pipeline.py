@@ -319,7 +319,7 @@ def test_stage_breakdown_names_the_slowest_stage_and_plots_it(tuned, shards, tmp
         lambda x: (__import__("time").sleep(0.005), x)[1], [features["x"]], tf.float32, stateful=False))
     profiled = dataclasses.replace(tuned, map_parallelism=1, autotune=True)  # the model needs autotune on
     dataset = build_dataset(profiled, [os.path.join(shards, "*.gz")], SCHEMA, shuffle=False, transform=slow)
-    rows = stages.profile_pipeline(dataset)
+    rows = plain = stages.profile_pipeline(dataset)
     names = [r["stage"] for r in rows]
     assert any("Interleave" in n for n in names) and any("Map" in n for n in names)
     assert abs(sum(r["share"] for r in rows) - 1) < 1e-6
@@ -330,6 +330,34 @@ def test_stage_breakdown_names_the_slowest_stage_and_plots_it(tuned, shards, tmp
     assert written["recommendation"].endswith("; raise its num_parallel_calls, vectorise it, or cache after it.")
     assert open(written["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert json.load(open(written["json"]))["stages"] == json.loads(json.dumps(rows))
+    # Shuffled, a second map gathers each permuted window: it was summed into the parse map's row by name.
+    shuffled = build_dataset(profiled, [os.path.join(shards, "*.gz")], SCHEMA, shuffle=True, transform=slow)
+    rows = stages.profile_pipeline(shuffled)
+    names = [r["stage"] for r in rows]
+    maps = [n for n in names if n.startswith("ParallelMapV2")]
+    assert len(set(names)) == len(names) and len(maps) >= 2, names
+    assert maps == [f"ParallelMapV2 #{k}" for k in range(1, len(maps) + 1)], "numbered from the output"
+
+
+def test_stage_rows_sum_the_readers_of_all_shards_and_keep_two_maps_apart():
+    """The shape of the tuned shuffled pipeline, as tf.data's model reports it: readers of three shards under
+    an interleave, the parse map over it and the window-gather map nearer the output. Summed by name, the two
+    maps were one row."""
+    from tensorflow.core.framework import model_pb2
+
+    model = model_pb2.ModelProto(output=1)
+    shape = {1: ("Prefetch", [2], 1), 2: ("ParallelMapV2", [3], 4), 3: ("FlatMap", [4], 1),
+             4: ("ParallelMapV2", [5], 12), 5: ("Interleave", [6, 7, 8], 1),
+             6: ("TFRecord", [], 2), 7: ("TFRecord", [], 3), 8: ("TFRecord", [], 5)}
+    for node_id, (name, inputs, ms) in shape.items():
+        node = model.nodes[node_id]
+        node.id, node.name, node.processing_time, node.num_elements = node_id, name, ms * 10 ** 6, 10
+        node.inputs.extend(inputs)
+    rows = stages.stages_from_proto(model)
+    assert [(r["stage"], r["nodes"], round(r["processing_time_s"] * 1e3)) for r in rows] == [
+        ("Prefetch", 1, 1), ("ParallelMapV2 #1", 1, 4), ("FlatMap", 1, 1), ("ParallelMapV2 #2", 1, 12),
+        ("Interleave", 1, 1), ("TFRecord", 3, 10)]
+    assert stages.recommendation(rows).startswith("Slowest stage: ParallelMapV2 #2 (41% of the 29.0 ms")
 
 
 def test_transform_writes_the_tuned_spec_and_breakdown(penguin_outputs):

@@ -20,29 +20,31 @@ ADVICE = {
 }
 
 
-def _nodes_in_order(proto) -> list:
-    """The model's nodes from the output towards the sources, each once."""
-    order, stack, seen = [], [proto.output], set()
-    while stack:
-        node_id = stack.pop(0)
+def _nodes_in_order(proto) -> list[tuple[object, int]]:
+    """The model's nodes from the output towards the sources, each once, with its depth (0: the output)."""
+    order, queue, seen = [], [(proto.output, 0)], set()
+    while queue:
+        node_id, depth = queue.pop(0)
         if node_id in seen or node_id not in proto.nodes:
             continue
         seen.add(node_id)
         node = proto.nodes[node_id]
-        order.append(node)
-        stack.extend(node.inputs)
+        order.append((node, depth))
+        queue.extend((child, depth + 1) for child in node.inputs)
     return order
 
 
 def stages_from_proto(proto) -> list[dict]:
-    """One row per stage name (readers of every shard summed), output first; Root is the consumer."""
-    rows: dict[str, dict] = {}
-    for node in _nodes_in_order(proto):
+    """One row per stage, output first; Root is the consumer. The readers of every shard, at one depth under
+    their interleave, are one stage, summed. Two stages of one kind at different depths (the parse map and
+    the map that gathers a shuffled window, say) are two rows, numbered from the output: `ParallelMapV2 #2`."""
+    rows: dict[tuple[str, int], dict] = {}
+    for node, depth in _nodes_in_order(proto):
         if node.name == "Root":
             continue
-        row = rows.setdefault(node.name, {"stage": node.name, "nodes": 0, "processing_time_s": 0.0,
-                                          "num_elements": 0, "buffered_bytes": 0, "bytes_produced": 0,
-                                          "parallelism": None})
+        row = rows.setdefault((node.name, depth), {
+            "stage": node.name, "nodes": 0, "processing_time_s": 0.0, "num_elements": 0, "buffered_bytes": 0,
+            "bytes_produced": 0, "parallelism": None})
         row["nodes"] += 1
         row["processing_time_s"] += node.processing_time / 1e9
         row["num_elements"] += node.num_elements
@@ -51,6 +53,12 @@ def stages_from_proto(proto) -> list[dict]:
         for parameter in node.parameters:
             if parameter.name in PARALLELISM_PARAMETERS and row["parallelism"] is None:
                 row["parallelism"] = {"name": parameter.name, "value": int(parameter.value)}
+    repeated = {name for name, _ in rows if sum(other == name for other, _ in rows) > 1}
+    seen: dict[str, int] = {}
+    for (name, _), row in rows.items():  # output first, so #1 is the stage nearest the consumer
+        if name in repeated:
+            seen[name] = seen.get(name, 0) + 1
+            row["stage"] = f"{name} #{seen[name]}"
     total = sum(r["processing_time_s"] for r in rows.values()) or 1.0
     for row in rows.values():
         row["share"] = row["processing_time_s"] / total
