@@ -13,6 +13,7 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from components.errors import HpmlError, SpecError
+from components.trainer.launchers.stopping import Stopped
 from pipelines import runner
 from pipelines.definition import Pipeline
 
@@ -101,6 +102,8 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
             def run_node(context: dict, upstream: dict, node_id: str = node.id, outlet_events=None):
                 try:
                     result = runner.execute_node(pipeline, node_id, runner.RunContext(**context), upstream)
+                except Stopped:  # SIGTERM: Airflow decides, as for any task it stops (a worker shutting down)
+                    raise
                 except (HpmlError, KeyboardInterrupt) as err:
                     # Bad input or parameters fail every try the same way, and a retry would undo a Ctrl-C:
                     # no retries for these. Other errors (a lost worker, a full disk) keep the task's retries.
