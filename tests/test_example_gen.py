@@ -657,3 +657,33 @@ def test_only_plain_ascii_numbers_make_a_numeric_column(tmp_path):
     assert feats["code"].bytes_list.value and feats["amount"].float_list.value
     with pytest.raises(InputDataError, match=r"codes.csv:2: column 'period' must hold a number, got '2023_01'$"):
         _run(tmp_path, {"input_path": csv, "numeric_columns": ["period"]}, "strict")
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_long_run_logs_its_progress_through_the_file_and_the_conversion(tmp_path, monkeypatch, caplog, packed):
+    """A large CSV ran for minutes with no line in the task log. With lines due at every look at the clock, the
+    read names the file and how far through it it is (its compressed bytes, when GZIP); the conversion to
+    tf.Examples, where most of the time goes, counts against every row read."""
+    from components.example_gen import sources
+
+    monkeypatch.setattr(sources, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(sources, "_PROGRESS_CHECK_ROWS", 1000)
+    path = write_csv(tmp_path / "penguins.csv", HEADER, _rows(5000))
+    if packed:
+        path = str(tmp_path / "penguins.csv.gz")
+        with open(tmp_path / "penguins.csv", "rb") as plain, gzip.open(path, "wb") as handle:
+            handle.write(plain.read())
+    with caplog.at_level("INFO", logger=sources.NAMESPACE):
+        _run(tmp_path, {"input_path": path})
+    messages = [r.getMessage() for r in caplog.records]
+    pattern = r"ExampleGen: {}: ([\d,]+) rows \((\d+)%\) in \d+ s, [\d,]+ rows/s"
+    read = [re.fullmatch(pattern.format(re.escape(path + ": read")), m) for m in messages]
+    read = [(m.group(1), int(m.group(2))) for m in read if m]
+    assert [rows for rows, _ in read] == ["1,000", "2,000", "3,000", "4,000", "5,000"], messages
+    shares = [share for _, share in read]
+    # GZIP reads its compressed bytes ahead in blocks, so its share moves in steps (83% after 1,000 of these
+    # repetitive rows); plain text moves with the rows.
+    assert shares == sorted(shares) and shares[0] < (100 if packed else 30) and shares[-1] >= 90, shares
+    converted = [re.fullmatch(pattern.format("converted to tf.Examples"), m) for m in messages]
+    assert [(m.group(1), m.group(2)) for m in converted if m] == [
+        ("1,000", "20"), ("2,000", "40"), ("3,000", "60"), ("4,000", "80"), ("5,000", "100")], messages

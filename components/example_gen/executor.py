@@ -98,8 +98,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                     params["encoding"])
             )
             kinds = rows | "InferColumnKinds" >> beam.CombineGlobally(sources.ColumnKinds(header))
+            total = rows | "CountRows" >> beam.combiners.Count.Globally()  # for ToExample's progress lines
             records = rows | "ToExample" >> beam.ParDo(sources.CsvRowsToExamples(params["skip_bad_rows"]),
-                                                       kinds=beam.pvalue.AsSingleton(kinds))
+                                                       kinds=beam.pvalue.AsSingleton(kinds),
+                                                       total_rows=beam.pvalue.AsSingleton(total))
         else:
             records = file_list | "ReadTFRecord" >> beam.ParDo(
                 sources.ReadTFRecordExamples(params["skip_bad_rows"], required, numeric)

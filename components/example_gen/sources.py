@@ -7,8 +7,9 @@ import gzip
 import logging
 import math
 import os
+import time
 import zlib
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import apache_beam as beam
 
@@ -162,6 +163,42 @@ def header_difference(header: Sequence[str], reference: Sequence[str]) -> str:
     return f"column {index + 1} is {header[index]!r}, not {reference[index]!r}"
 
 
+# Seconds between two progress lines of one stage; a stage done sooner logs none.
+PROGRESS_EVERY_S = 15.0
+_PROGRESS_CHECK_ROWS = 2048  # rows between two looks at the clock
+
+
+class _Progress:
+    """Logs how far a long ExampleGen stage is, at most every PROGRESS_EVERY_S: what it has done so far, its
+    rate and, where `share` can tell, the share of the whole. A large input otherwise runs for minutes with no
+    line in the task log."""
+
+    def __init__(self, what: str, unit: str, share: Callable[[int], float] | None = None):
+        self._what, self._unit, self._share = what, unit, share
+        self._start = self._last = time.monotonic()
+
+    def __call__(self, done: int) -> None:
+        """Called with the count so far; cheap, so call it for every row."""
+        if done % _PROGRESS_CHECK_ROWS:
+            return
+        now = time.monotonic()
+        if now - self._last < PROGRESS_EVERY_S:
+            return
+        self._last = now
+        share = f" ({100 * min(self._share(done), 1.0):.0f}%)" if self._share else ""
+        seconds = now - self._start
+        log.info("ExampleGen: %s: %s %s%s in %.0f s, %s %s/s", self._what, f"{done:,}", self._unit, share,
+                 seconds, f"{done / seconds:,.0f}", self._unit)
+
+
+def _share_of_file(path: str, text_handle) -> Callable[[int], float]:
+    """How far through the file on disk a text handle from `open_csv` is: its bytes read (compressed, for a
+    GZIP file, whose stream reads from `fileobj`) against the file's size."""
+    binary = text_handle.buffer
+    raw, size = getattr(binary, "fileobj", binary), os.path.getsize(path)
+    return lambda _rows: raw.tell() / size if size else 1.0
+
+
 class _SkippedRows:
     """Counts the rows skip_bad_rows drops, and logs the first LOGGED_BAD_ROWS with where and why: a count
     alone leaves the user to turn skipping off again to find them."""
@@ -291,9 +328,11 @@ class ReadCsvRows(beam.DoFn):
     def process(self, path: str) -> Iterator[tuple[str, int, dict]]:
         with open_csv(path, self._encoding) as handle:
             reader = csv.reader(handle)
+            progress = _Progress(f"{path}: read", "rows", _share_of_file(path, handle))
             try:
                 next(reader)  # header, validated up front
-                for fields in reader:
+                for rows, fields in enumerate(reader, start=1):
+                    progress(rows)
                     line = reader.line_num
                     if not fields:
                         continue  # a blank line
@@ -356,10 +395,15 @@ class CsvRowsToExamples(beam.DoFn):
     def __init__(self, skip_bad_rows: bool):
         self._skip = skip_bad_rows
         self._skipped = _SkippedRows()
+        self._progress, self._done = None, 0
 
-    def process(self, row, kinds: dict) -> Iterator[tuple[str, int, bytes]]:
+    def process(self, row, kinds: dict, total_rows: int) -> Iterator[tuple[str, int, bytes]]:
         import tensorflow as tf
 
+        if self._progress is None:  # one per DoFn instance: the rows this worker converts
+            self._progress = _Progress("converted to tf.Examples", "rows", lambda done: done / total_rows)
+        self._done += 1
+        self._progress(self._done)
         path, line, values = row
         example = tf.train.Example()
         for name, text in values.items():
@@ -433,9 +477,11 @@ class ReadTFRecordExamples(beam.DoFn):
 
         compression = "GZIP" if _is_gzip(path) else ""
         index = 0
+        progress = _Progress(f"{path}: read", "records")
         try:
             for record in tf.data.TFRecordDataset(path, compression_type=compression).as_numpy_iterator():
                 index += 1
+                progress(index)
                 problem = self._problem(record)
                 if problem is not None:
                     if self._skip:
