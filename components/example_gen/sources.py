@@ -185,7 +185,10 @@ class _Progress:
         if now - self._last < PROGRESS_EVERY_S:
             return
         self._last = now
-        share = f" ({100 * min(self._share(done), 1.0):.0f}%)" if self._share else ""
+        try:
+            share = f" ({100 * min(self._share(done), 1.0):.0f}%)" if self._share else ""
+        except (OSError, ValueError):  # a pipe has no position: the line goes without it
+            share = ""
         seconds = now - self._start
         log.info("ExampleGen: %s: %s %s%s in %.0f s, %s %s/s", self._what, f"{done:,}", self._unit, share,
                  seconds, f"{done / seconds:,.0f}", self._unit)
