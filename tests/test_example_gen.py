@@ -409,6 +409,14 @@ def test_a_spark_style_output_directory_reads_only_its_data_files(tmp_path):
     (folder / ".part-00000.csv.crc").write_bytes(b"crc\x00\x9f")
     props, _ = _run(tmp_path, {"input_path": str(folder)})
     assert props["input_files"] == 2 and sum(props["split_counts"].values()) == 40
+    # Spark names that directory after its format (df.write.csv("data.csv")): a glob of CSV files matched it,
+    # and ExampleGen died with a bare IsADirectoryError.
+    folder.rename(tmp_path / "data.csv")
+    write_csv(tmp_path / "more.csv", HEADER, rows)
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": str(tmp_path / "*.csv")}, "globbed")
+    assert str(err.value) == f"{tmp_path}/data.csv: a directory, matched by {tmp_path}/*.csv"
+    assert err.value.hint.startswith("give the directory itself as the input path to read its files")
 
 
 def test_files_whose_headers_differ_are_named_with_the_difference(tmp_path):

@@ -38,6 +38,11 @@ def expand_inputs(pattern: str) -> list[str]:
                        if os.path.isfile(p) and not os.path.basename(p).startswith("_"))
     else:
         files = sorted(glob.glob(pattern))
+        folders = [p for p in files if os.path.isdir(p)]
+        if folders:  # a Spark output such as data.csv/ is a directory: open() would fail on it, unexplained
+            raise InputDataError(f"{folders[0]}: a directory, matched by {pattern}",
+                                 hint="give the directory itself as the input path to read its files, or a glob "
+                                      "that matches files only")
     if not files:
         raise InputDataError(f"no input files match {pattern}", hint="check the data path")
     return files
