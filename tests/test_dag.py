@@ -168,3 +168,58 @@ def test_task_retries_come_from_the_environment_and_bad_values_are_named(monkeyp
         with pytest.raises(SpecError) as err:
             build_dag(PIPELINE)
         assert str(err.value) == message
+
+
+RETRY_DAG = '''
+import dataclasses
+
+from pipelines.airflow_dag import build_dag
+from pipelines.penguin import PIPELINE
+
+trainer = PIPELINE.node("Trainer")
+fail_once = dataclasses.replace(trainer, params=lambda p: dict(trainer.params(p), module={module!r}))
+dag = build_dag(dataclasses.replace(PIPELINE, name="penguin_retry", nodes=(*PIPELINE.nodes[:2], fail_once)),
+                schedule=None)
+'''
+
+RETRY_RUN = '''
+import json, subprocess, sys
+from pipelines import airflow_local
+
+airflow_local.configure()
+airflow_local.migrate()
+from airflow.dag_processing.dagbag import DagBag
+
+bag = DagBag(dag_folder={dags!r})
+assert not bag.import_errors, bag.import_errors
+run = bag.get_dag("penguin_retry").test(run_conf={{"epochs": 2}})
+tries = {{ti.task_id: [ti.state, ti.try_number] for ti in run.get_task_instances()}}
+print(json.dumps({{"state": str(run.state), "run_id": run.run_id, "tries": tries}}))
+'''
+
+
+def test_a_task_that_fails_once_is_retried_by_airflow_and_the_run_record_ends_finished(tmp_path):
+    """A real DAG run (its own Airflow home and DAG folder) whose Trainer loses a worker on its first try:
+    with HPML_TASK_RETRIES=1 Airflow retries it, the retry trains, and the record and report end FINISHED,
+    naming the retried node, where they had said FAILED in Trainer."""
+    from pipelines import records
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    module = os.path.join(os.path.dirname(__file__), "assets", "fail_once_run_fn.py")
+    (dags / "penguin_retry.py").write_text(RETRY_DAG.format(module=module))
+    env = dict(os.environ, AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+               HPML_TASK_RETRIES="1", HPML_TASK_RETRY_DELAY_S="0")
+    done = subprocess.run([sys.executable, "-c", RETRY_RUN.format(dags=str(dags))], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=os.path.join(os.path.dirname(__file__), ".."))
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["state"].endswith("success"), outcome
+    assert outcome["tries"]["Trainer"] == ["success", 2] and outcome["tries"]["Transform"] == ["success", 1]
+    summary = records.load(records.find("airflow.run_id", outcome["run_id"], "penguin_retry"))
+    assert summary.status == "FINISHED" and "hpml.failed_node" not in summary.tags
+    assert summary.tags["hpml.retried.Trainer"] == "RuntimeError: worker lost (simulated)"
+    assert [row for row in records.history(summary.mlflow_run_id, "loss")], "the retry trained and logged its epochs"
+    page = open(summary.tags["hpml.report"], encoding="utf-8").read()
+    assert "Status <b>FINISHED</b>" in page and "Failed in" not in page
+    assert "Trainer was retried; a try before failed: RuntimeError: worker lost (simulated)" in page
