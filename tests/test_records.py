@@ -186,7 +186,7 @@ def test_a_node_tried_again_after_failing_reopens_the_record_and_the_report_says
     the old error, through the new try and after it succeeded, so the final report said "Status FINISHED"
     and "Failed in ExampleGen" on one page."""
     from components.example_gen import EXAMPLE_GEN
-    from pipelines import report, runner
+    from pipelines import runner
     from pipelines.definition import Node, Pipeline
     from tests.helpers import write_csv
 
