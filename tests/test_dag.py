@@ -183,7 +183,7 @@ dag = build_dag(dataclasses.replace(PIPELINE, name="penguin_retry", nodes=(*PIPE
 '''
 
 RETRY_RUN = '''
-import json, subprocess, sys
+import json
 from pipelines import airflow_local
 
 airflow_local.configure()
