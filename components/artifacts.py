@@ -2,12 +2,16 @@
 
 An artifact is a directory URI. Executors write into a private temporary sibling and
 `publish` renames it into place, so a failed or retried task never leaves a half-written
-artifact and two runs never share a directory.
+artifact and two runs never share a directory. An artifact of TFRecord shards also records
+each shard's size, so that a reader can tell a shard cut short after publishing from a whole one.
 """
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import glob
+import json
+import logging
 import os
 import re
 import shutil
@@ -15,13 +19,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from components.errors import SpecError
+from components.errors import InputDataError, SpecError
+
+log = logging.getLogger(__name__)
 
 SPLIT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 EXAMPLES_FILE_PREFIX = "data_tfrecord"
 TRANSFORMED_EXAMPLES_FILE_PREFIX = "transformed_examples"
 TFRECORD_GZ_SUFFIX = ".gz"
 SCHEMA_FILE = "schema.pbtxt"
+# At an artifact's root, beside its Split-* folders (which readers glob): {"shards": {"Split-x/name": bytes}}.
+SHARD_SIZES_FILE = "shard_sizes.json"
 SERVING_MODEL_DIR = "Format-Serving"
 # The serving SavedModel's second signature (no inputs): {"class_names": [num_classes] strings}, in column order.
 CLASS_NAMES_SIGNATURE = "class_names"
@@ -85,10 +93,112 @@ def serving_model_path(uri: str) -> str:
 
 
 def require_files(pattern: str, what: str) -> list[str]:
+    """The files of a split, once each is the size its writer recorded and none it recorded is missing."""
     files = sorted(glob.glob(pattern))
     if not files:
         raise SpecError(f"{what}: no files match {pattern}", hint="is the upstream artifact complete?")
+    recorded = recorded_shard_sizes(files)
+    problems = shard_size_problems(files, recorded)
+    problems.update(_missing_shards(files, pattern, {record for _, record in recorded.values()}))
+    if problems:
+        raise InputDataError(
+            f"{what}: shard(s) not as their writer left them: "
+            + "; ".join(f"{path}: {problem}" for path, problem in sorted(problems.items())),
+            hint="the artifact changed after it was published (an interrupted copy?): re-run the component that "
+                 "wrote it")
     return files
+
+
+def _missing_shards(files: list[str], pattern: str, records: set[str]) -> dict[str, str]:
+    """{shard: problem} for the shards that a size record lists under `pattern` but that are gone."""
+    missing = {}
+    for record in sorted(records):
+        for relative in _read_shard_sizes(record):
+            path = os.path.join(os.path.dirname(record), relative)
+            if path not in files and fnmatch.fnmatch(path, pattern):
+                missing[path] = f"missing; {record} lists it"
+    return missing
+
+
+def record_shard_sizes(artifact_dir: str) -> dict[str, int]:
+    """Record the size of every file in the Split-* folders of an artifact being published.
+
+    TF's and Beam's readers take a GZIP shard cut in its trailer, or any shard cut between two records, for
+    a shorter whole one; against this record a stat tells them apart without reading the data.
+    """
+    sizes = {}
+    for split in list_splits(artifact_dir):
+        folder = split_dir(artifact_dir, split)
+        for name in sorted(os.listdir(folder)):
+            if os.path.isfile(os.path.join(folder, name)):
+                sizes[f"Split-{split}/{name}"] = os.path.getsize(os.path.join(folder, name))
+    with open(os.path.join(artifact_dir, SHARD_SIZES_FILE), "w", encoding="utf-8") as handle:
+        json.dump({"shards": sizes}, handle, indent=1, sort_keys=True)
+    return sizes
+
+
+def _file_system(path: str):
+    """TF's file systems for gs://, s3:// and hdfs:// paths; None for a local path."""
+    if "://" not in path:
+        return None
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def _read_shard_sizes(record: str) -> dict[str, int]:
+    gfile = _file_system(record)
+    with (gfile.GFile(record, "r") if gfile else open(record, encoding="utf-8")) as handle:
+        sizes = json.load(handle)
+    if not isinstance(sizes, dict) or not isinstance(sizes.get("shards"), dict):
+        raise ValueError('not {"shards": {...}}')
+    return sizes["shards"]
+
+
+def recorded_shard_sizes(files: list[str]) -> dict[str, tuple[int, str]]:
+    """{shard: (its size as recorded, the record's path)} for the shards of an artifact with a size record.
+
+    Shards elsewhere, or missing from their record, are left out: their reader must check them another way.
+    """
+    records: dict[str, dict[str, int] | None] = {}
+    found = {}
+    for path in files:
+        folder, name = os.path.split(path)
+        root, split_folder = os.path.split(folder)
+        if not split_folder.startswith("Split-"):
+            continue
+        record = os.path.join(root, SHARD_SIZES_FILE)
+        if record not in records:
+            gfile = _file_system(record)
+            records[record] = None
+            if (gfile.exists(record) if gfile else os.path.isfile(record)):
+                try:
+                    records[record] = _read_shard_sizes(record)
+                except ValueError as err:  # a damaged record vouches for nothing
+                    log.warning("ignoring the shard size record %s, which cannot be read: %s", record, err)
+        size = (records[record] or {}).get(f"{split_folder}/{name}")
+        if isinstance(size, int):
+            found[path] = (size, record)
+    return found
+
+
+def shard_size_problems(files: list[str], recorded: dict[str, tuple[int, str]],
+                        sizes: dict[str, int] | None = None) -> dict[str, str]:
+    """{shard: problem} for the recorded shards whose size is not the recorded one; `sizes`, where the
+    caller has them, saves a stat per shard."""
+    problems = {}
+    for path in files:
+        if path not in recorded:
+            continue
+        expected, record = recorded[path]
+        if sizes is not None:
+            actual = sizes[path]
+        else:
+            gfile = _file_system(path)
+            actual = gfile.stat(path).length if gfile else os.path.getsize(path)
+        if actual != expected:
+            problems[path] = f"{actual} bytes, but {record} records {expected} as written"
+    return problems
 
 
 def _clear_stale_temporaries(uri: str) -> None:

@@ -1,6 +1,7 @@
 """ExampleGen on the Beam DirectRunner: TFX layout, hash split, schema, bad input."""
 import glob
 import gzip
+import json
 import math
 import os
 import re
@@ -9,6 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from components import artifacts
 from components.errors import InputDataError, SpecError
 from components.example_gen import EXAMPLE_GEN
 from components.example_gen.schema_inference import read_schema, write_schema
@@ -35,12 +37,16 @@ def _read(pattern):
 def test_tfx_layout_split_and_schema(tmp_path):
     csv = write_csv(tmp_path / "data.csv", HEADER, _rows(300))
     props, out = _run(tmp_path, {"input_path": csv})
-    assert sorted(os.listdir(out["examples"])) == ["Split-eval", "Split-train"]
+    assert sorted(os.listdir(out["examples"])) == ["Split-eval", "Split-train", "shard_sizes.json"]
+    recorded = json.load(open(os.path.join(out["examples"], "shard_sizes.json")))["shards"]
     for split in ("train", "eval"):
         files = os.listdir(os.path.join(out["examples"], f"Split-{split}"))
         assert files == ["data_tfrecord-00000-of-00001.gz"]
         with open(os.path.join(out["examples"], f"Split-{split}", files[0]), "rb") as handle:
             assert handle.read(2) == b"\x1f\x8b", "records must be GZIP-compressed"
+        assert recorded[f"Split-{split}/{files[0]}"] == os.path.getsize(
+            os.path.join(out["examples"], f"Split-{split}", files[0]))
+    assert len(recorded) == 2
     counts = props["split_counts"]
     assert counts["train"] + counts["eval"] == 300
     assert 0.55 < counts["train"] / 300 < 0.78, f"2:1 hash split expected, got {counts}"
@@ -64,7 +70,7 @@ def test_split_is_deterministic_and_configurable(tmp_path):
     assert [e.SerializeToString() for e in _read(out_a["examples"] + "/Split-eval/*.gz")] == \
         [e.SerializeToString() for e in _read(out_b["examples"] + "/Split-eval/*.gz")]
     c, out_c = _run(tmp_path, {"input_path": csv, "splits": {"train": 8, "eval": 1, "test": 1}}, "c")
-    assert sorted(os.listdir(out_c["examples"])) == ["Split-eval", "Split-test", "Split-train"]
+    assert artifacts.list_splits(out_c["examples"]) == ["eval", "test", "train"]
     assert c["split_counts"]["train"] > 3 * c["split_counts"]["eval"]
 
 

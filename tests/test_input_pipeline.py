@@ -11,7 +11,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from tensorflow_transform.tf_metadata import schema_utils
 
-from components import input_pipeline
+from components import artifacts, input_pipeline
 from components.errors import InputDataError, SpecError
 from components.input_pipeline import Measurements, autotune_spec, build_dataset, naive_spec, stages, tune
 from components.input_pipeline.shards import explain_read_error
@@ -334,6 +334,23 @@ def test_a_compressed_shard_cut_short_is_named_before_it_is_read(tuned, tmp_path
     assert len(read()) == 450
 
 
+@pytest.mark.parametrize("compression", ["", "GZIP"])
+def test_a_published_shard_cut_between_records_is_named_by_its_recorded_size(tuned, tmp_path, compression):
+    split = tmp_path / "Examples" / "Split-train"
+    split.mkdir(parents=True)
+    for shard in range(3):
+        _write_shard(split / f"part-{shard}.tfrecord", range(shard * 1000, shard * 1000 + 150), compression=compression)
+    artifacts.record_shard_sizes(str(tmp_path / "Examples"))
+    victim = split / "part-1.tfrecord"
+    _write_shard(tmp_path / "shorter", range(1000, 1149), compression=compression)
+    victim.write_bytes((tmp_path / "shorter").read_bytes())  # a whole file, one record short of what was written
+    assert tf.data.TFRecordDataset(str(victim), compression).reduce(0, lambda n, _: n + 1).numpy() == 149
+    with pytest.raises(InputDataError, match="corrupt TFRecord shard") as caught:
+        build_dataset(dataclasses.replace(tuned, compression=compression), [str(split / "*.tfrecord")], SCHEMA)
+    assert f"{victim}: {victim.stat().st_size} bytes, but {tmp_path / 'Examples' / 'shard_sizes.json'} records " \
+        in str(caught.value) and "part-0" not in str(caught.value)
+
+
 def test_shards_not_compressed_as_the_spec_says_are_named(tuned, tmp_path):
     _write_shard(tmp_path / "part-0.tfrecord", range(50), compression="")
     assert tuned.compression == "GZIP"
@@ -501,18 +518,21 @@ def test_trainer_data_accessor_reads_what_tfxio_reads(penguin_outputs):
     assert rows(tuned) == rows(tfxio_data_accessor()) and len(rows(tuned)) > 150
 
 
-def test_trainer_names_a_corrupt_transformed_shard(penguin_outputs, tmp_path):
+@pytest.mark.parametrize("damage, named", [
+    (lambda raw: raw[:200] + b"\x00garbage" * 30 + raw[440:], "corrupt TFRecord shard"),  # read, then named
+    (_trailer_cut, "Trainer examples: shard.s. not as their writer left them"),  # named from its size, unread
+], ids=["garbage", "cut"])
+def test_trainer_names_a_corrupt_transformed_shard(penguin_outputs, tmp_path, damage, named):
     from components.trainer import TRAINER
 
     examples = tmp_path / "examples"
     shutil.copytree(penguin_outputs["Transform"]["transformed_examples"], examples)
     victim = sorted((examples / "Split-train").glob("*.gz"))[0]
-    raw = victim.read_bytes()
-    victim.write_bytes(raw[:200] + b"\x00garbage" * 30 + raw[440:])
+    victim.write_bytes(damage(victim.read_bytes()))
     inputs = {"examples": str(examples), "transform_graph": penguin_outputs["Transform"]["transform_graph"],
               "schema": penguin_outputs["ExampleGen"]["schema"],
               "input_pipeline": penguin_outputs["Transform"]["input_pipeline"]}
     outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
-    with pytest.raises(InputDataError, match=f"corrupt TFRecord shard.*{victim.name}"):
+    with pytest.raises(InputDataError, match=f"{named}.*{victim.name}"):
         TRAINER.run(inputs, outputs, {"module": "pipelines.penguin_module", "hyperparameters": {"epochs": 1}})
     assert not os.path.exists(outputs["model"]), "a failed Trainer publishes nothing"

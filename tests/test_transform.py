@@ -1,6 +1,8 @@
 """Transform: TFX TransformGraph layout, real full-pass statistics, the InputPipeline spec."""
 import glob
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -26,9 +28,12 @@ def test_transform_graph_layout(penguin_outputs):
 
 def test_transformed_examples_layout_and_statistics(penguin_outputs):
     examples = penguin_outputs["Transform"]["transformed_examples"]
-    assert sorted(os.listdir(examples)) == ["Split-eval", "Split-train"]
+    assert sorted(os.listdir(examples)) == ["Split-eval", "Split-train", "shard_sizes.json"]
     files = glob.glob(os.path.join(examples, "Split-train", "transformed_examples-*.gz"))
     assert len(files) == 1
+    recorded = json.load(open(os.path.join(examples, "shard_sizes.json")))["shards"]
+    assert recorded == {os.path.relpath(f, examples): os.path.getsize(f)
+                        for f in glob.glob(os.path.join(examples, "Split-*", "*"))}
     spec = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"]).transformed_feature_spec()
     rows = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
     flipper = np.array([r["flipper_length_mm"].numpy() for r in rows])
@@ -59,6 +64,20 @@ def test_missing_feature_fails_before_any_beam_work(penguin_outputs, tmp_path):
     with pytest.raises(InputDataError, match=r"schema.pbtxt: feature 'beak_colour' is not in the schema"):
         TRANSFORM.run(inputs, outputs, {"module": "pipelines.penguin_module", "required_features": ["beak_colour"]})
     assert os.listdir(tmp_path) == []
+
+
+def test_examples_cut_short_after_publishing_are_refused_before_any_beam_work(penguin_outputs, tmp_path):
+    examples = tmp_path / "examples"
+    shutil.copytree(penguin_outputs["ExampleGen"]["examples"], examples)
+    victim = next((examples / "Split-eval").glob("*.gz"))
+    whole = victim.read_bytes()
+    victim.write_bytes(whole[:-4])  # Beam's and TF's GZIP readers both read every record of this file
+    inputs = {"examples": str(examples), "schema": penguin_outputs["ExampleGen"]["schema"]}
+    outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with pytest.raises(InputDataError, match=f"Examples split eval: shard.s. not as their writer left them: "
+                                             f"{victim}: {len(whole) - 4} bytes, but .* records {len(whole)}"):
+        TRANSFORM.run(inputs, outputs, {"module": "pipelines.penguin_module"})
+    assert not (tmp_path / "out").exists(), "refused before any output was begun"
 
 
 def test_a_required_feature_whose_column_is_empty_is_named_as_such(tmp_path, penguin_csv):

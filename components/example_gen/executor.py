@@ -145,6 +145,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 f"{source}: split(s) {', '.join(empty)} got no examples from {sum(counts.values())} rows",
                 hint="use more data or change the split buckets",
             )
+        artifacts.record_shard_sizes(examples_dir)
     empty_columns = [f.name for f in schema_inference.read_schema(artifacts.schema_path(outputs["schema"])).feature
                      if schema_inference.is_empty_column(f)]
     if empty_columns:

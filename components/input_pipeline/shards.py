@@ -1,8 +1,9 @@
 """Finding corrupt TFRecord shards by name: tf.data's read errors do not say which file failed.
 
-A compressed shard cut short is worse: TF's reader ends it at its last whole record without an error.
-So GZIP and ZLIB shards have their stream checked before they are read, concurrently, and once per
-process for a file that has not changed since.
+A shard cut short is worse: TF's reader ends it at its last whole record without an error. So before
+they are read, shards that an hpml component wrote are checked against the sizes it recorded (a stat
+each), and other GZIP and ZLIB shards have their stream inflated, concurrently, and once per process
+for a file that has not changed since.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from components import artifacts
 from components.errors import InputDataError, op_error_message
 from components.input_pipeline.measure import machine
 from components.zlib_streams import stream_problem
@@ -30,11 +32,24 @@ def _identity(path: str, compression: str) -> tuple[str, int, int, str]:
 
 
 def stream_problems(files: list[str], compression: str) -> dict[str, str]:
-    """{shard: problem} for the compressed shards whose stream is cut short or damaged; {} when uncompressed,
-    where TF's reader itself reports a record cut short."""
-    if compression not in ("GZIP", "ZLIB") or not files:
+    """{shard: problem} for the shards cut short: by their recorded size where their writer recorded it,
+    else, for GZIP and ZLIB shards, by inflating their stream. An uncompressed shard without a record is
+    left to TF's reader, which reports a record cut short (though not a shard cut between records)."""
+    if not files:
         return {}
     keys = {path: _identity(path, compression) for path in files}
+    recorded = artifacts.recorded_shard_sizes(files)
+    problems = artifacts.shard_size_problems(files, recorded, sizes={path: key[1] for path, key in keys.items()})
+    if compression in ("GZIP", "ZLIB"):
+        problems.update(_inflate_problems({path: key for path, key in keys.items() if path not in recorded}))
+    return problems
+
+
+def _inflate_problems(keys: dict[str, tuple[str, int, int, str]]) -> dict[str, str]:
+    """{shard: problem} for the compressed shards whose stream is cut short or damaged, keyed as `_identity`."""
+    if not keys:
+        return {}
+    compression = next(iter(keys.values()))[3]
     with _checked_lock:
         todo = [path for path, key in keys.items() if key not in _checked]
     if todo:
@@ -50,7 +65,7 @@ def stream_problems(files: list[str], compression: str) -> dict[str, str]:
 
 
 def check_shards(files: list[str], compression: str) -> dict[str, str]:
-    """{shard: error} for every shard that cannot be read to the end, or whose compressed stream is cut short."""
+    """{shard: error} for every shard that cannot be read to the end, or that is cut short."""
     import tensorflow as tf
 
     corrupt = {}
@@ -70,8 +85,8 @@ def corrupt_shard_error(corrupt: dict[str, str]) -> InputDataError:
 
 
 def usable_shards(files: list[str], compression: str, on_corrupt: str) -> tuple[list[str], dict[str, str]]:
-    """Under 'skip', the readable shards and the skipped ones. Under 'error', the files, once their compressed
-    streams are whole; other damage surfaces as a read error that `explain_read_error` names."""
+    """Under 'skip', the readable shards and the skipped ones. Under 'error', the files, once none is cut
+    short; other damage surfaces as a read error that `explain_read_error` names."""
     if on_corrupt != "skip":
         cut = stream_problems(list(files), compression)
         if cut:

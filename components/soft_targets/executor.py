@@ -97,6 +97,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, Any], params: Mapping[s
                     file_name_suffix=artifacts.TFRECORD_GZ_SUFFIX)
             )
         run_pipeline(pipeline)
+        artifacts.record_shard_sizes(out_dir)
         record = {"temperature": temperature, "num_classes": num_classes, "teachers": list(inputs["teachers"]),
                   "splits": splits, "label_key": params["label_key"]}
         with open(os.path.join(out_dir, CACHE_FILE), "w", encoding="utf-8") as handle:

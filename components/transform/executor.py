@@ -203,10 +203,12 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         if name not in splits:
             raise SpecError(f"Transform: analyze split {name!r} is not in the examples ({', '.join(splits)})")
 
+    patterns = {split: artifacts.examples_file_pattern(inputs["examples"], split) for split in splits}
+    for split, pattern in patterns.items():
+        artifacts.require_files(pattern, f"Examples split {split}")  # every shard there, and whole, before any work
+
     def source(split: str):
-        pattern = artifacts.examples_file_pattern(inputs["examples"], split)
-        artifacts.require_files(pattern, f"Examples split {split}")
-        return tfxio.TFExampleRecord(file_pattern=pattern, schema=schema, telemetry_descriptors=["hpml"])
+        return tfxio.TFExampleRecord(file_pattern=patterns[split], schema=schema, telemetry_descriptors=["hpml"])
 
     with artifacts.publish(outputs["transform_graph"]) as graph_dir, \
             artifacts.publish(outputs["transformed_examples"]) as examples_dir, \
@@ -252,6 +254,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         with open(ranges_path, encoding="utf-8") as handle:
             ranges = json.load(handle)
         _remove_scratch(os.path.join(graph_dir, ".tft_tmp"))
+        artifacts.record_shard_sizes(examples_dir)
         analyzed = list(params["analyze_splits"])
         _check_finite(ranges, analyzed + [split for split in splits if split not in analyzed])
         constant = _constant_features(ranges, params["analyze_splits"])
