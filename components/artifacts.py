@@ -104,8 +104,8 @@ def require_files(pattern: str, what: str) -> list[str]:
         raise InputDataError(
             f"{what}: shard(s) not as their writer left them: "
             + "; ".join(f"{path}: {problem}" for path, problem in sorted(problems.items())),
-            hint="the artifact changed after it was published (an interrupted copy?): re-run the component that "
-                 "wrote it")
+            hint=f"the artifact changed after it was published (an interrupted copy?): re-run the component that "
+                 f"wrote it; if you changed its shards on purpose, delete {SHARD_SIZES_FILE} at its root")
     return files
 
 

@@ -77,6 +77,7 @@ def test_a_shard_cut_after_publishing_is_named_with_both_sizes(tmp_path):
     message = str(caught.value)
     assert f"{victim}: 192 bytes, but {uri}/shard_sizes.json records 200 as written" in message
     assert "part-0" not in message and "part-2" not in message
+    assert "re-run the component that wrote it" in caught.value.hint and "delete shard_sizes.json" in caught.value.hint
 
 
 def test_a_shard_gone_after_publishing_is_named_as_missing(tmp_path):
