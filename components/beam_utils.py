@@ -12,11 +12,16 @@ from components.errors import HpmlError
 _BEAM_CONTEXT = re.compile(r"\s*\[while running '[^']*'\]")
 
 
+# Beam's in-process runner, named directly. Beam 2.77's DirectRunner first tries Prism, which it downloads from
+# GitHub at run time (and starts as a separate process), and falls back to this runner only when that fails.
+IN_PROCESS_RUNNER = "FnApiRunner"
+
+
 def make_pipeline(beam_pipeline_args: Sequence[str] | None) -> beam.Pipeline:
-    """A Beam pipeline on the in-process DirectRunner unless the args name another runner."""
+    """A Beam pipeline on the in-process runner unless the args name another runner (which they do unchanged)."""
     args = list(beam_pipeline_args or [])
     if not any(a.startswith("--runner") for a in args):
-        args.append("--runner=DirectRunner")
+        args.append(f"--runner={IN_PROCESS_RUNNER}")
     return beam.Pipeline(options=PipelineOptions(args))
 
 

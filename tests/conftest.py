@@ -1,4 +1,4 @@
-"""Shared fixtures. Every test uses real parts: Beam DirectRunner, TF, SQLite MLflow and Airflow.
+"""Shared fixtures. Every test uses real parts: Beam's in-process runner, TF, SQLite MLflow and Airflow.
 
 State (artifacts, MLflow store, Airflow DB) lives in a per-session temporary HPML_HOME, set
 before anything imports airflow or mlflow.

@@ -1,7 +1,8 @@
-"""ExampleGen on the Beam DirectRunner: TFX layout, hash split, schema, bad input."""
+"""ExampleGen on Beam's in-process runner: TFX layout, hash split, schema, bad input."""
 import glob
 import gzip
 import json
+import logging
 import math
 import os
 import re
@@ -60,6 +61,18 @@ def test_tfx_layout_split_and_schema(tmp_path):
 
     assert kinds == {"species": schema_pb2.BYTES, "island": schema_pb2.BYTES,
                      "bill_length_mm": schema_pb2.FLOAT, "year": schema_pb2.INT}
+
+
+def test_beam_runs_in_process_and_never_tries_to_fetch_prism(tmp_path, caplog):
+    """Beam 2.77's DirectRunner first downloads its Prism runner from GitHub (and logs that it does so); the
+    default runner must never try. Naming DirectRunner in beam_pipeline_args gives those lines here."""
+    caplog.set_level(logging.INFO, logger="apache_beam")
+    csv = write_csv(tmp_path / "data.csv", HEADER, _rows(30))
+    props, _ = _run(tmp_path, {"input_path": csv})
+    assert props["split_counts"]["train"] + props["split_counts"]["eval"] == 30
+    beam_lines = [r.getMessage() for r in caplog.records if r.name.startswith("apache_beam")]
+    assert beam_lines, "Beam's own log lines are what this test reads"
+    assert not [line for line in beam_lines if "prism" in line.lower()]
 
 
 def test_split_is_deterministic_and_configurable(tmp_path):

@@ -42,7 +42,8 @@ EXAMPLE_GEN = ComponentSpec(
         "schema_path": Parameter((str, type(None)), None, help="a schema.pbtxt the data must match"),
         "num_shards": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0",
                                 help="output shards per split; 0 lets the runner decide"),
-        "beam_pipeline_args": Parameter(list, [], help="passed to Beam unchanged (e.g. --runner=DataflowRunner)"),
+        "beam_pipeline_args": Parameter(list, [], help="passed to Beam unchanged (e.g. --runner=DataflowRunner); "
+                                                        "without --runner, Beam's in-process FnApiRunner"),
     },
     executor="components.example_gen.executor:run",
 )
