@@ -16,6 +16,11 @@ from components.errors import HpmlError
 from pipelines import locks
 from pipelines.paths import hpml_home
 
+# MLflow 3 sends usage events to mlflow-telemetry.io from every process that imports it. hpml's processes reach
+# only the stores they are given, so its telemetry is off unless the user sets MLFLOW_DISABLE_TELEMETRY=false.
+# It must be set before mlflow is imported, and this module is where hpml imports it.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 ARTIFACT_TAG = "artifact."
 DURATION_METRIC = "duration_s."
 EMPTY_COLUMNS_TAG = "hpml.empty_columns"

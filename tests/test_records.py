@@ -138,6 +138,28 @@ def test_find_matches_a_tag_value_with_quotes_exactly():
     assert records.find("airflow.run_id", value, "no_such_pipeline") is None
 
 
+_TELEMETRY = """
+from pipelines import records
+records.start("telemetry_test", "run-1", {}, {})
+from mlflow.telemetry.utils import is_telemetry_disabled
+print("telemetry disabled:", is_telemetry_disabled())
+"""
+
+
+def test_a_run_record_starts_no_mlflow_telemetry(tmp_path):
+    """MLflow 3 starts a client that sends usage events to mlflow-telemetry.io in any process that imports
+    it, except under CI or pytest; hpml's processes are neither, so the markers are left out here. Where the
+    network is unreachable the client gives itself up, so what is read is MLflow's own decision."""
+    markers = {"PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK"}
+    env = {k: v for k, v in os.environ.items() if k not in markers} | {"HPML_HOME": str(tmp_path)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run([sys.executable, "-c", _TELEMETRY], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "telemetry disabled: True" in done.stdout
+    assert (tmp_path / "mlflow.db").exists(), "the record went to the home's own store"
+
+
 _FIRST_RUN = """
 import pathlib, sys, time
 import mlflow.tracking  # imported first, so that the processes reach each store together
