@@ -14,8 +14,12 @@ import pytest
 from airflow_stack import PASSWORD, USERNAME
 
 CHROMIUM = "/usr/bin/chromium"
+# The UI is at an IP literal. Even with background networking, component updates and sync off, Chromium looked up
+# update.googleapis.com, accounts.google.com and content-autofill.googleapis.com (strace, 2026-11-25): every
+# name now resolves to nothing, so it reaches no host but the Airflow under test.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--disable-features=AutofillServerCommunication"]
 SHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
 RUN_TIMEOUT_S = 600
 
