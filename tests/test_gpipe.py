@@ -1,7 +1,11 @@
 """GPipe: partitioning, schedule shape, and transparency (the pipeline computes what the plain
 model computes), on logical CPU devices."""
+import collections
 import itertools
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,6 +128,61 @@ def test_one_step_matches_the_plain_model(k, m, remat, swap):
     assert all(counts[("F", s)] == m and counts[("B", s)] == m for s in range(k))
     expected_recompute = {"always": m, "except_last": m - 1, "never": 0}[remat]
     assert all(counts[("R", s)] == expected_recompute for s in range(k))
+
+
+def _unordered_reads(graph_def) -> list[tuple[str, str]]:
+    """(write, read) pairs on one variable that no path of data or control edges orders, so the
+    executor may run either first."""
+    sources = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in graph_def.node}
+    consumers = collections.defaultdict(list)
+    for name, inputs in sources.items():
+        for source in inputs:
+            consumers[source].append(name)
+
+    def reach(start, edges):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reads = collections.defaultdict(list)  # variable handle -> its ReadVariableOps
+    for n in graph_def.node:
+        if n.op == "ReadVariableOp":
+            reads[sources[n.name][0]].append(n.name)
+    unordered = []
+    for n in graph_def.node:
+        if n.op.startswith("Assign") and n.op.endswith("VariableOp"):
+            ordered = reach(n.name, sources) | reach(n.name, consumers)
+            unordered += [(n.name, r) for r in reads[sources[n.name][0]] if r not in ordered]
+    return unordered
+
+
+GRAPH_CASES = ["1,4,always,1,gpipe", "1,4,except_last,0,gpipe", "2,4,always,1,gpipe", "4,8,except_last,0,1f1b"]
+
+
+def test_no_variable_update_can_overtake_a_read_in_the_graph_tensorflow_runs(tmp_path):
+    """Checks the graph after Grappler's rewrites, which the runtime executes. Before the gradients
+    were gated, the dependency optimizer dropped the edge ordering B0's recomputed read of the last
+    kernel before the kernel's update (the k=1 cases): one first step in about 250 then trained the
+    layers below through the updated kernel, failing the transparency test above."""
+    from google.protobuf import text_format
+    from tensorflow.core.framework import graph_pb2
+
+    done = subprocess.run([sys.executable, "-m", "tests.gpipe_graph_dump", str(tmp_path), *GRAPH_CASES],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    dumps = sorted(tmp_path.glob("__inference_train_function_*.main.before_partition.pbtxt"))
+    assert len(dumps) == len(GRAPH_CASES), sorted(p.name for p in tmp_path.iterdir())[:20]
+    for dump in dumps:
+        graph_def = text_format.Parse(dump.read_text(), graph_pb2.GraphDef())
+        names = [n.name for n in graph_def.node]
+        # the dump holds the backward's recomputed reads and the optimizer's updates this checks
+        assert any(n.startswith("stage0_B0/") and n.endswith("/ReadVariableOp") for n in names), dump.name
+        assert sum(n.op == "AssignAddVariableOp" and n.name.startswith("SGD/") for n in graph_def.node) >= 5, dump.name
+        assert _unordered_reads(graph_def) == [], dump.name
 
 
 def test_1f1b_matches_the_plain_model():
