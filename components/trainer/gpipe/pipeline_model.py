@@ -68,19 +68,20 @@ def refuse_call_losses(layers, stage: int):
                                  "with a data-parallel strategy")
 
 
-def gate_gradients(grads: list) -> list:
-    """`grads`, each released only once all of them are computed, so that no variable is updated
-    while a backward pass has still to read it.
+def gate_stage_gradients(summed: list, backward_outputs: list) -> list:
+    """A stage's summed weight gradients, released only once every gradient its backward passes
+    computed exists, so that none of the stage's variables is updated while a backward of the
+    stage has still to read it. Other stages' updates are not held back.
 
-    A recomputed forward (remat) reads a stage's last kernel only to carry the gradient to the
-    layers below, so no data path leads from that read to the kernel's own update. tf.function
-    orders the two with a control edge, but Grappler's dependency optimizer (TF 2.21) drops it. The
-    update could then run first, and the layers below were differentiated through the updated
-    kernel: on a loaded 2-core machine, one first step in about 60 to 250. Gated, every update
-    waits on gradients computed from that read; test_gpipe checks the order in the graph as TF
-    runs it, after Grappler.
+    A recomputed forward (remat) reads a stage's last kernel only to carry the gradient down (to
+    the stage's lower layers, or to its input), so no data path leads from that read to the
+    kernel's own update. tf.function orders the two with a control edge, but Grappler's dependency
+    optimizer (TF 2.21) drops it. The update could then run first, and the layers below were
+    differentiated through the updated kernel: on a loaded 2-core machine, one first step in about
+    60 to 250. Gated, each update waits on gradients computed from every such read; test_gpipe
+    checks the order in the graph as TF runs it, after Grappler.
     """
-    return tf.tuple(grads)
+    return tf.tuple(summed, control_inputs=backward_outputs)
 
 
 class PipelineModel(tf_keras.Model):
@@ -209,6 +210,7 @@ class PipelineModel(tf_keras.Model):
         variables = [self.stage_variables(s) for s in range(k)]
         summed = [[tf.zeros_like(v) for v in variables[s]] for s in range(k)]
         tapes, outputs, input_grads, last = {}, {}, {}, [None] * k
+        backward_outputs = [[] for _ in range(k)]  # every gradient each stage's B(s, m) computed
         self.trace_counts.clear()
 
         for s, kind, m, _, _ in clock:
@@ -245,6 +247,7 @@ class PipelineModel(tf_keras.Model):
                     summed[s] = [acc if g is None else acc + tf.convert_to_tensor(g)
                                  for acc, g in zip(summed[s], weight_grads)]
                     last[s] = [g for g in grads if g is not None] + restores
+                    backward_outputs[s] += [g for g in grads if g is not None]
         for s in range(k - 1):
             # The loss (built on the last stage) carries every penalty for the loss metric, but
             # differentiates only the last stage's; each other stage adds its own gradient here.
@@ -255,7 +258,8 @@ class PipelineModel(tf_keras.Model):
                 grads = tape.gradient(total, variables[s])
                 summed[s] = [acc if g is None else acc + tf.convert_to_tensor(g) for acc, g in zip(summed[s], grads)]
         flat_vars = [v for vs in variables for v in vs]
-        flat_grads = gate_gradients([g for gs in summed for g in gs])
+        summed = [gate_stage_gradients(summed[s], backward_outputs[s]) for s in range(k)]
+        flat_grads = [g for gs in summed for g in gs]
         self.optimizer.apply_gradients(zip(flat_grads, flat_vars))
         return self.get_metrics_result()
 
