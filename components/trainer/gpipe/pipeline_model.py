@@ -246,8 +246,9 @@ class PipelineModel(tf_keras.Model):
                         input_grads[(s, m)] = grads[-1]
                     summed[s] = [acc if g is None else acc + tf.convert_to_tensor(g)
                                  for acc, g in zip(summed[s], weight_grads)]
-                    last[s] = [g for g in grads if g is not None] + restores
-                    backward_outputs[s] += [g for g in grads if g is not None]
+                    computed = [g for g in grads if g is not None]
+                    last[s] = computed + restores
+                    backward_outputs[s] += computed
         for s in range(k - 1):
             # The loss (built on the last stage) carries every penalty for the loss metric, but
             # differentiates only the last stage's; each other stage adds its own gradient here.
