@@ -2,18 +2,22 @@
 # The interpreter's real path: uv recreates .venv whenever the path it is given (a pyenv shim, say) differs
 # from the one .venv was built with, which made every `make run`/`make test` rebuild it (~45 s).
 PYTHON ?= $(shell p=$$(command -v python3.11 || command -v python3) && $$p -c 'import sys; print(sys.executable)')
+# The extras the application installs: every integration and the examples (not gpu, which pulls in CUDA).
+EXTRAS := --extra airflow --extra kubernetes --extra vertex --extra examples
 UV_VERSION := 0.13.9
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 VENV := .venv
 export UV_PYTHON_DOWNLOADS := never
 export TF_CPP_MIN_LOG_LEVEL := 2
+# `make run` keeps its state (artifacts, run records, the local Airflow) in the checkout, not in ~/.local/share.
+export HPML_HOME ?= $(CURDIR)/.hpml
 
 .PHONY: env browser run test bench bench-input clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "hpml needs Python 3.11, found " + sys.version' 
+	@$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "hpml needs Python 3.11 to 3.13, found " + sys.version' 
 	@( $(PYTHON) -m venv $(TOOLS) && $(TOOLS)/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION) ) \
 	  || ( rm -rf $(TOOLS) && $(PYTHON) -m pip install -q --disable-pip-version-check --target $(TOOLS)/lib uv==$(UV_VERSION) \
 	       && mkdir -p $(TOOLS)/bin && ln -sf ../lib/bin/uv $(UV) ) \
@@ -23,7 +27,7 @@ $(UV):
 # where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile TensorFlow's sources
 # again (measured: 16-20 s instead of 5.5-7 s to import it; later syncs only check the .pyc files, ~1 s).
 env: $(UV)
-	@$(UV) sync --frozen --python $(PYTHON) --quiet --compile-bytecode
+	@$(UV) sync --frozen --python $(PYTHON) $(EXTRAS) --quiet --compile-bytecode
 
 run: env
 	$(VENV)/bin/hpml run penguin --engine airflow

@@ -29,7 +29,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from benchmarks._common import machine, median, write_results  # noqa: E402
-from components.trainer import callbacks as hpml_callbacks  # noqa: E402
+from hpml.components.trainer import callbacks as hpml_callbacks  # noqa: E402
 
 EPOCHS = 4
 MODELS = {  # name: (features, hidden widths, batch size, steps per epoch)

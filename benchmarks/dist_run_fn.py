@@ -15,8 +15,8 @@ def run_fn(fn_args):
     import tensorflow as tf
     import tf_keras
 
-    from components.trainer.callbacks import ProgressReporter
-    from components.trainer.strategies import is_chief, make_strategy
+    from hpml.components.trainer.callbacks import ProgressReporter
+    from hpml.components.trainer.strategies import is_chief, make_strategy
 
     config = fn_args.custom_config
     strategy = make_strategy(config["strategy"])

@@ -35,7 +35,7 @@ TIMING_EPOCHS = 5
 
 def _run_pipeline(seed: int) -> tuple[dict, str]:
     """One pipeline run; returns the Evaluator's results and the run directory."""
-    from pipelines import distillation, runner
+    from hpml.pipelines import distillation, runner
 
     context = runner.run_local(distillation.PIPELINE, {"seed": seed})
     with open(os.path.join(context.run_dir, "Evaluator", "evaluation", "results.json"), encoding="utf-8") as f:
@@ -44,8 +44,8 @@ def _run_pipeline(seed: int) -> tuple[dict, str]:
 
 def _time_soft_targets(run_dir: str, repeats: int) -> dict[str, list[float]]:
     """Seconds per student epoch (median over epochs of one Trainer run), for each way to get soft targets."""
-    from components.trainer import TRAINER
-    from pipelines import distillation
+    from hpml.components.trainer import TRAINER
+    from hpml.pipelines import distillation
 
     params = dict(distillation.PIPELINE.node("Student_distilled").params(
         {**_defaults(), "student_epochs": TIMING_EPOCHS}))
@@ -69,8 +69,8 @@ def _time_soft_targets(run_dir: str, repeats: int) -> dict[str, list[float]]:
 
 
 def _defaults() -> dict:
-    from pipelines import distillation
-    from pipelines.params import defaults
+    from hpml.pipelines import distillation
+    from hpml.pipelines.params import defaults
 
     return defaults(distillation.PIPELINE.params_schema)
 
@@ -146,7 +146,7 @@ def main() -> None:
 
 
 def _log_to_mlflow(table: str, summary: dict, seeds: list[int]) -> None:
-    from pipelines import records
+    from hpml.pipelines import records
 
     mlflow_client = records.client()
     run_id = records.start("distillation-benchmark", f"digits_{time.strftime('%Y%m%dT%H%M%S')}",

@@ -22,14 +22,14 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks._common import machine, median, write_results  # noqa: E402
-from components.trainer.callbacks import read_progress  # noqa: E402
+from hpml.components.trainer.callbacks import read_progress  # noqa: E402
 
 RUN_FN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_run_fn.py")
 SAVE_FREQ = 20
 
 
 def _trainer(tmp, name, params, config):
-    from components.trainer import executor
+    from hpml.components.trainer import executor
 
     outputs = {"model": os.path.join(tmp, name, "model"), "model_run": os.path.join(tmp, name, "run")}
     full = {"module": RUN_FN, "run_fn": "run_fn", "train_splits": [], "eval_splits": [], "train_steps": 0,
@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    import components.trainer.executor as executor
+    import hpml.components.trainer.executor as executor
 
     executor._check_inputs = lambda examples, splits: []  # synthetic data: no example files to check
     rows = {"one_worker": [], "two_workers": [], "backup_off": [], "backup_on": [], "recovery_s": [],

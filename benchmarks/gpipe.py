@@ -38,7 +38,7 @@ def _setup_devices(k: int):
 def _model(k, m, remat="except_last", swap=False, pipelined=True, schedule_name="gpipe"):
     import tf_keras
 
-    from components.trainer.gpipe.pipeline_model import PipelineModel
+    from hpml.components.trainer.gpipe.pipeline_model import PipelineModel
 
     import tensorflow as tf
 
@@ -72,8 +72,8 @@ def _executed_bubbles(k: int, repeats: int) -> tuple[dict[int, float], bool]:
     import numpy as np
     import tensorflow as tf
 
-    from components.trainer.gpipe import trace
-    from components.trainer.gpipe.plot import plot_executed
+    from hpml.components.trainer.gpipe import trace
+    from hpml.components.trainer.gpipe.plot import plot_executed
 
     x = tf.constant(np.random.default_rng(0).normal(size=(BATCH, WIDTH)).astype("float32"))
     y = tf.constant(np.random.default_rng(1).integers(0, 10, size=(BATCH,)))
@@ -112,7 +112,7 @@ def _memory_child(args) -> None:
 
 
 def _gantt(order, costs, path, title):
-    from components.trainer.gpipe.plot import plot_gantt
+    from hpml.components.trainer.gpipe.plot import plot_gantt
 
     return plot_gantt(order, costs, str(path), title)
 
@@ -132,7 +132,7 @@ def main() -> None:
     k = args.stages or max(len(tf.config.list_physical_devices("GPU")), 2)
     args.stages = k
     device_kind = _setup_devices(k)
-    from components.trainer.gpipe import profile, schedule
+    from hpml.components.trainer.gpipe import profile, schedule
 
     # Throughput: GPipe (M = 2, 4, 8) vs naive model parallelism (M = 1) vs one device.
     configs = {"single device": None, **{f"K={k}, M={m}": m for m in (1, 2, 4, 8)}}

@@ -73,7 +73,7 @@ def _b1_functions(scale: float):
 
 
 def _b1_spec():
-    from components.input_pipeline import InputPipelineSpec, measure, tune
+    from hpml.components.input_pipeline import InputPipelineSpec, measure, tune
 
     functions = _b1_functions(1.0)
     sources = [f"s{i}" for i in range(B1_SOURCES)]
@@ -83,7 +83,7 @@ def _b1_spec():
 
 
 def _b1_time(spec, sources, scale: float, step_s: float) -> float:
-    from components.input_pipeline.dataset import assemble
+    from hpml.components.input_pipeline.dataset import assemble
 
     dataset = assemble(spec, sources, shuffle=False, num_epochs=B1_EPOCHS, batch_size=1, **_b1_functions(scale))
     start = time.perf_counter()
@@ -94,7 +94,7 @@ def _b1_time(spec, sources, scale: float, step_s: float) -> float:
 
 
 def bench_b1(repeats: int) -> dict:
-    from components.input_pipeline import autotune_spec, naive_spec
+    from hpml.components.input_pipeline import autotune_spec, naive_spec
 
     tuned, sources = _b1_spec()
     specs = {"naive": naive_spec(tuned), "autotune": autotune_spec(tuned), "tuned": tuned}
@@ -161,7 +161,7 @@ def transform(features):
 
 
 def _variant_spec(tuned, variant):
-    from components.input_pipeline import autotune_spec, naive_spec
+    from hpml.components.input_pipeline import autotune_spec, naive_spec
 
     variant = variant.partition("+")[0]  # "+jemalloc" names the allocator the process runs with, not the spec
     if variant == "tuned-whole":  # the tuned spec, each permuted window gathered in one piece
@@ -177,7 +177,7 @@ def _variant_spec(tuned, variant):
 
 
 def _dataset(spec, folder, num_epochs, transform_fn=None):
-    from components.input_pipeline import build_dataset
+    from hpml.components.input_pipeline import build_dataset
 
     return build_dataset(spec, [os.path.join(folder, "*.gz")], _schema(), label_key="label",
                          shuffle=True, num_epochs=num_epochs, seed=1, transform=transform_fn or transform)
@@ -201,7 +201,7 @@ def child_b2(spec_path: str, folder: str, variant: str, examples: int, barrier: 
     With `barrier`, it says "ready" once the iterator exists and starts timing on a line from stdin,
     so that the processes of the ideal split run their epochs at the same time.
     """
-    from components.input_pipeline import InputPipelineSpec
+    from hpml.components.input_pipeline import InputPipelineSpec
 
     spec = _variant_spec(InputPipelineSpec.from_json(open(spec_path).read()), variant)
     batches = -(-examples // B2_BATCH)
@@ -227,8 +227,8 @@ def child_b3(spec_path: str, folder: str, variant: str, examples: int) -> dict:
     """Runs in its own process: a tf_keras MLP trained from the pipeline, and the input stall."""
     import tf_keras
 
-    from components.input_pipeline import InputPipelineSpec
-    from components.input_pipeline.stall import measure_input_stall
+    from hpml.components.input_pipeline import InputPipelineSpec
+    from hpml.components.input_pipeline.stall import measure_input_stall
 
     spec = _variant_spec(InputPipelineSpec.from_json(open(spec_path).read()), variant)
     dataset = _dataset(spec, folder, None, transform_fn=transform_to_matrix)
@@ -323,8 +323,8 @@ def _run_split(spec_path, parts: list[tuple[str, int]]) -> dict:
 
 
 def bench_b2_b3(repeats: int, examples: int, shards: int, workdir: str) -> tuple[dict, dict]:
-    from components.input_pipeline import measure_tfrecords, schema_fingerprint, tune, write_spec
-    from components.input_pipeline.measure import machine as machine_facts
+    from hpml.components.input_pipeline import measure_tfrecords, schema_fingerprint, tune, write_spec
+    from hpml.components.input_pipeline.measure import machine as machine_facts
 
     folder = os.path.join(workdir, "data")
     os.makedirs(folder)

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from components.errors import InputDataError, SpecError
+from hpml.components.errors import InputDataError, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ SHARD_SIZES_FILE = "shard_sizes.json"
 SERVING_MODEL_DIR = "Format-Serving"
 # The serving SavedModel's second signature (no inputs): {"class_names": [num_classes] strings}, in column order.
 CLASS_NAMES_SIGNATURE = "class_names"
+# In a ModelRun: what a run_fn leaves for the run record and the report.
+EVAL_METRICS_FILE = "eval_metrics.json"  # {metric: value} on the eval split, written by `write_eval_metrics`
+CLASSIFICATION_FILE = "classification.json"  # per-class metrics and the confusion matrix of a classifier
+GPIPE_RECORD_FILE = "gpipe.json"  # the GPipe schedule, stage costs and executed timeline of one traced step
 _TMP_MARKER = ".tmp-"
 
 

@@ -7,7 +7,7 @@ from typing import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from components.errors import HpmlError
+from hpml.components.errors import HpmlError
 
 _BEAM_CONTEXT = re.compile(r"\s*\[while running '[^']*'\]")
 

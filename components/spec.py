@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from components.artifacts import ArtifactType
-from components.errors import SpecError, known_names
+from hpml.components.artifacts import ArtifactType
+from hpml.components.errors import SpecError, known_names
 
 _REQUIRED = object()
 

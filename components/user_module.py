@@ -9,30 +9,39 @@ import sys
 import traceback
 from typing import Callable
 
-from components.errors import SpecError
+from hpml.components.errors import SpecError
+
+
+def load_file(path: str, what: str = "user module"):
+    """The module a .py file defines, loaded by path as TFX loads a module_file.
+
+    Keyed by path and content, as TFX keys module files: an edited file is loaded afresh in a long-lived
+    process (a notebook, a test session, Airflow's dag-processor) instead of the stale copy being reused.
+    """
+    if not os.path.isfile(path):
+        raise SpecError(f"{what} file {path} does not exist")
+    path = os.path.abspath(path)
+    with open(path, "rb") as handle:
+        digest = hashlib.sha256(path.encode() + b"\0" + handle.read()).hexdigest()[:10]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    mod_name = f"hpml_user_{stem}_{digest}"
+    if mod_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = loaded
+        try:
+            spec.loader.exec_module(loaded)
+        except Exception as err:
+            del sys.modules[mod_name]  # a half-run module must not pass for a loaded one next time
+            where = f"{path}:{err.lineno}" if isinstance(err, SyntaxError) else path
+            raise SpecError(f"{what} {where} failed to load: {type(err).__name__}: {err}") from err
+    return sys.modules[mod_name]
 
 
 def load_function(module: str, name: str) -> Callable:
     """`module` is 'pkg.mod' or a path to a .py file; `name` a function defined in it."""
     if module.endswith(".py"):
-        if not os.path.isfile(module):
-            raise SpecError(f"module file {module} does not exist")
-        # Keyed by path and content, as TFX keys module files: an edited file is loaded afresh in a
-        # long-lived process (a notebook, a test session) instead of the stale copy being reused.
-        with open(module, "rb") as handle:
-            digest = hashlib.sha256(os.path.abspath(module).encode() + b"\0" + handle.read()).hexdigest()[:10]
-        mod_name = f"hpml_user_{os.path.splitext(os.path.basename(module))[0]}_{digest}"
-        if mod_name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(mod_name, module)
-            loaded = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = loaded
-            try:
-                spec.loader.exec_module(loaded)
-            except Exception as err:
-                del sys.modules[mod_name]  # a half-run module must not pass for a loaded one next time
-                where = f"{module}:{err.lineno}" if isinstance(err, SyntaxError) else module
-                raise SpecError(f"user module {where} failed to load: {type(err).__name__}: {err}") from err
-        loaded = sys.modules[mod_name]
+        loaded = load_file(module)
     else:
         try:
             loaded = importlib.import_module(module)

@@ -1,5 +1,11 @@
-"""The penguin pipeline as an Airflow DAG (daily, catchup off, validated trigger form)."""
-from pipelines.airflow_dag import build_dag
-from pipelines.penguin import PIPELINE
+"""The penguin example as an Airflow DAG (daily, catchup off, validated trigger form).
 
-dag = build_dag(PIPELINE)
+Copy this file into your Airflow's dags_folder; `python penguin.py` runs it once, as `airflow dags test` would.
+"""
+from hpml.v1 import load_pipeline
+from hpml.v1.airflow import build_dag
+
+dag = build_dag(load_pipeline("penguin"))
+
+if __name__ == "__main__":
+    dag.test()

@@ -9,7 +9,8 @@ import sys
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
+from hpml.components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
+from hpml.components.native_logs import start_tensorflow  # noqa: E402
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
@@ -22,17 +23,25 @@ class _WithoutOurErrors(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], HpmlError))
 
 
-def _setup_logging(debug: bool) -> None:
+def _setup_logging(debug: bool, verbose: bool) -> None:
+    """hpml's own progress at info level; with --verbose, hpml's details (each tuner decision, every artifact
+    path) and the libraries' info lines too; with --debug, everything."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
                         format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("absl", "tensorflow", "apache_beam", "alembic", "mlflow", "urllib3", "h5py"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if verbose and not debug:
+        logging.getLogger("hpml").setLevel(logging.DEBUG)
+    if not (verbose or debug):
+        for noisy in ("absl", "tensorflow", "apache_beam", "alembic", "mlflow", "urllib3", "h5py", "airflow"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        # MLflow and Airflow configure their own loggers when first imported, from these.
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
     if not debug:
         logging.getLogger("apache_beam.runners.common").addFilter(_WithoutOurErrors())
 
 
 def _params(pipeline, pairs: list[str]) -> dict:
-    from pipelines.params import parse_cli_value
+    from hpml.pipelines.params import parse_cli_value
 
     values = {}
     for pair in pairs:
@@ -44,22 +53,22 @@ def _params(pipeline, pairs: list[str]) -> dict:
 
 
 def cmd_run(args) -> int:
-    from pipelines import records, registry
-    from pipelines.params import validate
-    from pipelines.summary import print_summary
+    from hpml.pipelines import discovery, records
+    from hpml.pipelines.summary import print_summary
 
-    pipeline = registry.get(args.pipeline)
-    values = validate(pipeline.params_schema, _params(pipeline, args.param))
+    pipeline = discovery.load(args.pipeline)
+    values = pipeline.validate(_params(pipeline, args.param))
+    start_tensorflow(verbose=args.verbose or args.debug)
     if args.engine == "local":
-        from pipelines import runner
+        from hpml.pipelines import runner
 
         context = runner.run_local(pipeline, values)
         mlflow_run_id = context.mlflow_run_id
     else:
-        from pipelines import airflow_local
+        from hpml.pipelines.airflow import local as airflow_local
 
         airflow_local.migrate()
-        dag_run = airflow_local.test_run(pipeline.name, values)
+        dag_run = airflow_local.test_run(args.pipeline, values)
         state = str(getattr(dag_run, "state", "")).lower()
         mlflow_run_id = records.find("airflow.run_id", dag_run.run_id, pipeline.name)
         if not state.endswith("success"):
@@ -70,10 +79,29 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_init(args) -> int:
+    from hpml.pipelines import scaffold
+
+    written = scaffold.init_project(args.name, args.csv, args.label, directory=args.dir,
+                                    dags_folder=args.dags_folder, task=args.task, force=args.force)
+    profile = scaffold.profile_csv(args.csv, args.label, args.task)
+    classes = f" ({len(profile.classes)} classes)" if profile.classes else ""
+    print(f"{args.name}: {profile.task} of {profile.label!r}{classes} from {len(profile.numeric)} numeric and "
+          f"{len(profile.categorical)} text column(s), {profile.rows} rows")
+    if profile.empty:
+        print(f"left out (no value in any row): {', '.join(profile.empty)}")
+    for kind in ("pipeline", "module", "dag"):
+        print(f"wrote {written[kind]}")
+    folder = os.path.dirname(written["pipeline"])
+    where = "" if os.path.dirname(folder) == os.getcwd() else f"HPML_PIPELINES_PATH={os.path.dirname(folder)} "
+    print(f"next: {where}hpml run {args.name}")
+    return 0
+
+
 def _raise_recorded_failure(mlflow_run_id: str | None, fallback: str) -> None:
     """The failed component's own error and hint, read from the run record, as the local engine would print
     them; Airflow ran it in a task process, so the exception itself never reaches this one."""
-    from pipelines import records
+    from hpml.pipelines import records
 
     tags = records.load(mlflow_run_id).tags if mlflow_run_id else {}
     error, node = tags.get("hpml.error"), tags.get("hpml.failed_node")
@@ -92,7 +120,7 @@ def cmd_runs(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipelines import records
+    from hpml.pipelines import records
 
     console = Console()
     if args.action == "compare":
@@ -125,8 +153,8 @@ def cmd_runs(args) -> int:
             va, vb = (f"{r.durations[key]:.1f}" if key in r.durations else "-" for r in (a, b))
             table.add_row(f"{key} seconds", va, vb)
         _print_table(console, table)
-        from pipelines.paths import hpml_home
-        from pipelines.report import plot_overlay
+        from hpml.pipelines.paths import hpml_home
+        from hpml.pipelines.report import plot_overlay
 
         folder = os.path.join(hpml_home(), "compare")
         os.makedirs(folder, exist_ok=True)
@@ -139,10 +167,6 @@ def cmd_runs(args) -> int:
                         hint="hpml runs compare RUN_A RUN_B compares two runs")
     if args.limit < 1:
         raise HpmlError(f"--limit must be at least 1, not {args.limit}", hint="e.g. hpml runs --limit 20")
-    if args.pipeline is not None:
-        from pipelines import registry
-
-        registry.check(args.pipeline)
     runs = records.recent(args.pipeline, args.limit)
     if not runs:
         console.print(f"no runs of {args.pipeline} yet" if args.pipeline else "no runs yet")
@@ -190,7 +214,7 @@ def _status(run) -> str:
 
 
 def cmd_report(args) -> int:
-    from pipelines import records, report
+    from hpml.pipelines import records, report
 
     mlflow_run_id = records.resolve(args.run)
     run_dir = records.load(mlflow_run_id).tags.get("hpml.run_dir")
@@ -236,17 +260,34 @@ def _fmt(value) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpml", description="High-performance ML pipelines on Airflow.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors, and debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show the details: each input-pipeline decision, every artifact path, TensorFlow's "
+                             "start-up lines, and Airflow's and MLflow's own logs")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a pipeline and print its summary")
-    run.add_argument("pipeline", help="pipeline name, e.g. penguin")
+    run.add_argument("pipeline", help="an installed pipeline's name (e.g. penguin), a folder hpml init wrote, "
+                                      "module:ATTRIBUTE, or a pipeline.py file")
     run.add_argument("--engine", choices=("airflow", "local"), default="local",
-                     help="airflow: a real DAG run (dag.test) on the project-local SQLite Airflow; "
+                     help="airflow: a real DAG run (dag.test) on a private SQLite Airflow under HPML_HOME; "
                           "local: run the components in this process")
     run.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                      help="a pipeline parameter (repeatable), e.g. --param epochs=5")
     run.set_defaults(func=cmd_run)
+
+    init = sub.add_parser("init", help="write a pipeline for your own CSV: NAME/pipeline.py, module.py, dag.py")
+    init.add_argument("name", help="the pipeline's name: a folder of that name is written")
+    init.add_argument("--csv", required=True, help="a CSV file with a header row")
+    init.add_argument("--label", required=True, help="the column to predict")
+    init.add_argument("--task", choices=("classification", "regression"), default=None,
+                      help="default: classification for a text label or one of whole numbers with at most "
+                           "20 values, else regression")
+    init.add_argument("--dir", default=".", help="where to write the NAME folder (default: here)")
+    init.add_argument("--dags-folder", default=None, metavar="DIR",
+                      help="write the DAG file into this Airflow dags_folder as NAME.py, instead of NAME/dag.py")
+    init.add_argument("--force", action="store_true", help="overwrite files that exist")
+    init.set_defaults(func=cmd_init)
 
     runs = sub.add_parser("runs", help="list recent runs, or compare two")
     runs.add_argument("action", nargs="?", choices=("list", "compare"), default="list")
@@ -272,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.debug)
+    _setup_logging(args.debug, args.verbose)
     try:
         return args.func(args)
     except HpmlError as err:

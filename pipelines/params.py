@@ -1,112 +1,36 @@
-"""Pipeline parameters: one JSON schema per pipeline drives validation everywhere, the CLI,
-the local runner and the Airflow trigger form alike."""
+"""Pipeline parameters: one JSON schema per pipeline drives validation everywhere (the CLI, the local runner
+and the Airflow trigger form alike), plus the checks the pipeline lists.
+
+Validation here is generic. A string parameter whose schema says `"format": "path"` names data, and must lie
+under a data root (`HPML_DATA_ROOTS`, `HPML_HOME`) or be the schema's own default. Anything else a pipeline
+needs checked is a `ParamCheck` of its own; `hpml.pipelines.training_params` has the ones training pipelines share.
+"""
 from __future__ import annotations
 
-import json
 import math
-import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jsonschema
 
-from components.errors import SpecError, known_names
-from components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding
-from components.trainer.strategies import CLUSTER_STRATEGIES, STRATEGIES
-from pipelines.paths import confine
+from hpml.components.errors import SpecError, known_names
+from hpml.pipelines.paths import confine
 
-REMAT_DEFAULT = "except_last"  # what gpipe does unless told; any other value without gpipe is refused
-
-
-def training_params_schema(default_data_path: str) -> dict:
-    """JSON schema (draft 7) for the parameters every training pipeline takes."""
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "data_path": {
-                "type": "string", "minLength": 1, "default": default_data_path,
-                "title": "Data path",
-                "description": "CSV file (plain or GZIP), directory or glob to ingest. Must lie under "
-                               "HPML_DATA_ROOTS.",
-            },
-            "epochs": {
-                "type": "integer", "minimum": 1, "maximum": 1000, "default": 10,
-                "title": "Epochs", "description": "Full passes over the train split.",
-            },
-            "batch_size": {
-                "type": "integer", "minimum": 1, "maximum": 65536, "default": 32,
-                "title": "Batch size", "description": "Global batch size, summed over replicas.",
-            },
-            "learning_rate": {
-                "type": "number", "exclusiveMinimum": 0, "maximum": 10, "default": 0.01,
-                "title": "Learning rate", "description": "Adam learning rate.",
-            },
-            "strategy": {
-                "type": "string", "enum": list(STRATEGIES), "default": "auto",
-                "title": "Distribution strategy",
-                "description": "tf.distribute strategy, or gpipe; auto picks one from the devices and cluster.",
-            },
-            "launcher": {
-                "type": "string", "enum": ["local", "kubernetes", "vertex"], "default": "local",
-                "title": "Launcher",
-                "description": "Where Trainer workers run: local processes on loopback; kubernetes (Kubeflow "
-                               "TFJob) and vertex (Vertex AI CustomJob) need the deployment's HPML_CLUSTER_CONFIG "
-                               "(image, namespace, ...).",
-            },
-            "remat": {
-                "type": "string", "enum": ["never", "except_last", "always"], "default": REMAT_DEFAULT,
-                "title": "Rematerialisation (gpipe)",
-                "description": "With strategy gpipe: recompute each stage's activations in the backward pass "
-                               "for every micro-batch (always), all but the last (except_last), or none (never). Other "
-                               "strategies refuse a value other than except_last.",
-            },
-            "num_workers": {
-                "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
-                "title": "Workers",
-                "description": "Trainer worker processes: on loopback (local launcher) or replicas of the "
-                               "remote job. More than 1 needs strategy auto, multi_worker_mirrored or "
-                               "parameter_server.",
-            },
-            "num_ps": {
-                "type": "integer", "minimum": 0, "maximum": 8, "default": 0,
-                "title": "Parameter servers",
-                "description": "ParameterServerStrategy's ps tasks: processes on loopback (local launcher) or ps "
-                               "replicas of the remote job. Strategy parameter_server needs 1 or more; with "
-                               "strategy auto, 1 or more picks parameter_server.",
-            },
-            "gradient_accumulation_steps": {
-                "type": "integer", "minimum": 1, "maximum": 64, "default": 1,
-                "title": "Gradient accumulation steps",
-                "description": "Split each batch into this many micro-batches and apply one summed update. At "
-                               "most batch_size; strategy gpipe makes its own micro-batches, so leave it at 1 there.",
-            },
-            "seed": {
-                "type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1, "default": 42,
-                "title": "Seed",
-                "description": "Seeds weight initialisation and the shuffle order: the same seed, data "
-                               "and parameters learn the same model, bit for bit.",
-            },
-            "encoding": {
-                "type": "string", "minLength": 1, "maxLength": 40, "default": DEFAULT_ENCODING,
-                "title": "CSV encoding",
-                "description": "Text encoding of the CSV files: utf-8 (with or without a byte-order mark), or "
-                               "e.g. latin-1 or cp1252 for older spreadsheet exports.",
-            },
-            "skip_bad_rows": {
-                "type": "boolean", "default": False,
-                "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing; "
-                                                             "the task log names the first few, by line.",
-            },
-        },
-    }
+# A check on validated values: returns updates to them (a resolved path, say) or None; raises SpecError.
+ParamCheck = Callable[[Mapping[str, Any]], "Mapping[str, Any] | None"]
+PATH_FORMAT = "path"
 
 
 def defaults(schema: Mapping) -> dict[str, Any]:
     return {name: prop["default"] for name, prop in schema["properties"].items() if "default" in prop}
 
 
-def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults filled in, every value checked against the schema, data paths confined."""
+def path_fields(schema: Mapping) -> list[str]:
+    """The parameters that name data paths (`"format": "path"`)."""
+    return [name for name, prop in schema["properties"].items() if prop.get("format") == PATH_FORMAT]
+
+
+def validate(schema: Mapping, values: Mapping[str, Any], checks: tuple[ParamCheck, ...] = ()) -> dict[str, Any]:
+    """Defaults filled in, every value checked against the schema, data paths confined, then `checks` in order."""
     unknown = sorted(set(values) - set(schema["properties"]))
     if unknown:  # before the schema, whose own message ("Additional properties are not allowed") names no field
         raise SpecError(f"unknown parameter {unknown[0]!r}", hint=known_names("parameters", unknown[0],
@@ -121,70 +45,13 @@ def validate(schema: Mapping, values: Mapping[str, Any]) -> dict[str, Any]:
         err = errors[0]
         field = ".".join(map(str, err.path)) or "(parameters)"
         raise SpecError(f"parameter {field!r}: {err.message}", hint=_hint(schema, err))
-    problem = "encoding" in merged and check_encoding(merged["encoding"])
-    if problem:
-        raise SpecError(f"parameter 'encoding': {problem}", hint=_hint(schema, None, "encoding"))
-    _check_combinations(merged)
-    if "data_path" in merged:
-        merged["data_path"] = confine(merged["data_path"], "data_path")
-    if merged.get("launcher", "local") != "local":
-        merged["cluster"] = cluster_config(merged["launcher"])
+    for name in path_fields(schema):
+        default = schema["properties"][name].get("default")
+        if merged.get(name) is not None and merged[name] != default:
+            merged[name] = confine(merged[name], name)
+    for check in checks:
+        merged.update(check(merged) or {})
     return merged
-
-
-def _check_combinations(values: Mapping[str, Any]) -> None:
-    """Values that are each valid but cannot work together, refused here rather than when the Trainer
-    starts, after ExampleGen and Transform have run. Only the fields a pipeline has are checked."""
-    strategy = values.get("strategy", "auto")
-    workers, ps = values.get("num_workers", 1), values.get("num_ps", 0)
-    launcher = values.get("launcher", "local")
-    if strategy == "parameter_server" and not ps:
-        raise SpecError("parameter 'num_ps': strategy parameter_server needs at least one parameter server",
-                        hint="set num_ps to 1 or more, or choose another strategy")
-    if ps and strategy not in ("auto", "parameter_server"):
-        raise SpecError(f"parameter 'strategy': num_ps={ps} trains with ParameterServerStrategy, not {strategy}",
-                        hint="set strategy to auto or parameter_server, or num_ps to 0")
-    if (workers > 1 or launcher != "local") and strategy not in ("auto", *CLUSTER_STRATEGIES):
-        job = f"num_workers={workers}" if workers > 1 else f"launcher {launcher}"
-        raise SpecError(f"parameter 'strategy': {job} runs a cluster of worker processes, which needs "
-                        f"multi_worker_mirrored or parameter_server, not {strategy}",
-                        hint="set strategy to auto, multi_worker_mirrored or parameter_server")
-    remat = values.get("remat", REMAT_DEFAULT)
-    if remat != REMAT_DEFAULT and strategy != "gpipe":
-        raise SpecError(f"parameter 'remat': {remat!r} applies to strategy gpipe's stages only; strategy "
-                        f"{strategy} would train without it", hint="set strategy to gpipe, or leave remat at "
-                                                                    f"{REMAT_DEFAULT!r}")
-    steps, batch = values.get("gradient_accumulation_steps", 1), values.get("batch_size")
-    if steps > 1 and strategy == "gpipe":
-        raise SpecError("parameter 'gradient_accumulation_steps': strategy gpipe already splits each batch into "
-                        "micro-batches and applies one summed update",
-                        hint="leave gradient_accumulation_steps at 1 with strategy gpipe")
-    if batch is not None and steps > batch:
-        raise SpecError(f"parameter 'gradient_accumulation_steps': {steps} micro-batches of a batch of {batch} "
-                        f"examples leave {steps - batch} of them empty",
-                        hint="use at most batch_size micro-batches, or a larger batch_size")
-
-
-def cluster_config(launcher: str) -> dict:
-    """The deployment's remote-cluster settings (the Trainer's `cluster` parameter) from the JSON file
-    HPML_CLUSTER_CONFIG names; a remote launcher without one is refused before any work."""
-    from components.trainer.launchers.remote import RemoteCluster
-
-    path = os.environ.get("HPML_CLUSTER_CONFIG")
-    if not path:
-        raise SpecError(f"parameter 'launcher': {launcher!r} submits to a remote cluster, which needs a "
-                        "container image of this project and cluster credentials that this deployment does not "
-                        "configure", hint="set HPML_CLUSTER_CONFIG to a JSON file with image, namespace, ... "
-                                          "(see infra/README.md), or use launcher local")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            raw = json.load(handle)
-    except (OSError, json.JSONDecodeError) as err:
-        raise SpecError(f"HPML_CLUSTER_CONFIG {path}: {err}") from None
-    if not isinstance(raw, dict):
-        raise SpecError(f"HPML_CLUSTER_CONFIG {path}: must hold a JSON object")
-    RemoteCluster.from_params(launcher, raw)  # every field checked now, not when the Trainer starts
-    return raw
 
 
 def _hint(schema: Mapping, err, field: str | None = None) -> str | None:

@@ -1,70 +1,29 @@
 """Where hpml keeps its state, and which data paths parameters may name."""
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
-from components.errors import SpecError
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from hpml.components.errors import SpecError
 
 
 def hpml_home() -> Path:
-    """State root: artifacts, the MLflow store and reports. `HPML_HOME` overrides."""
-    return Path(os.environ.get("HPML_HOME", PROJECT_ROOT / ".hpml")).resolve()
+    """State root: artifacts, the MLflow store, reports and the local Airflow. `HPML_HOME` overrides; the default
+    is `$XDG_DATA_HOME/hpml` (`~/.local/share/hpml`), never inside the installed package."""
+    if os.environ.get("HPML_HOME"):
+        return Path(os.environ["HPML_HOME"]).expanduser().resolve()
+    data_home = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return (Path(data_home) / "hpml").resolve()
 
 
 def artifact_root() -> Path:
     return Path(os.environ.get("HPML_ARTIFACT_ROOT", hpml_home() / "artifacts")).resolve()
 
 
-def penguins_csv() -> str:
-    """The palmerpenguins package's CSV, found without importing the package (it imports pandas)."""
-    package = importlib.util.find_spec("palmerpenguins")
-    if package is None or package.origin is None:
-        raise SpecError("the palmerpenguins package is not installed", hint="run `make env`")
-    return str(Path(package.origin).parent / "data" / "penguins.csv")
-
-
-def digits_csv() -> str:
-    """Where scikit-learn's 8x8 digits live as a headed CSV (pixel_0..pixel_63, digit): HPML_HOME/data.
-
-    Only a path: DAG files are parsed often, so nothing is written here. `ensure_digits_csv`
-    writes the file when a run first reads it.
-    """
-    return str(hpml_home() / "data" / "digits.csv")
-
-
-def ensure_digits_csv(path: str) -> str:
-    """`path`, with the digits CSV written there first if `path` is `digits_csv()` and missing.
-
-    The data ship inside scikit-learn (nothing is downloaded); the file is written atomically,
-    so concurrent or retried runs never see half of it. Any other path is returned untouched.
-    """
-    target = Path(digits_csv())
-    if Path(path).resolve() != target.resolve() or target.is_file():
-        return path
-    import numpy as np
-    from sklearn.datasets import load_digits
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    digits = load_digits()
-    rows = np.column_stack([digits.data.astype(np.int64), digits.target.astype(np.int64)])
-    header = ",".join([f"pixel_{i}" for i in range(digits.data.shape[1])] + ["digit"])
-    tmp = target.with_suffix(f".tmp-{os.getpid()}")
-    np.savetxt(tmp, rows, fmt="%d", delimiter=",", header=header, comments="")
-    os.replace(tmp, target)
-    return path
-
-
 def data_roots() -> list[Path]:
-    """Directories data paths must lie under: `HPML_DATA_ROOTS` (os.pathsep-separated), plus
-    the embedded data sets and the project's data/ folder."""
-    roots = [Path(penguins_csv()).parent, PROJECT_ROOT / "data", hpml_home()]
+    """Directories data paths must lie under: `HPML_DATA_ROOTS` (os.pathsep-separated) and `HPML_HOME`."""
     extra = os.environ.get("HPML_DATA_ROOTS", "")
-    roots += [Path(p) for p in extra.split(os.pathsep) if p]
-    return [r.resolve() for r in roots]
+    return [root.resolve() for root in [hpml_home(), *(Path(p).expanduser() for p in extra.split(os.pathsep) if p)]]
 
 
 def confine(path: str, field: str) -> str:
@@ -75,5 +34,5 @@ def confine(path: str, field: str) -> str:
             return str(resolved)
     raise SpecError(
         f"parameter {field!r}: {path} is outside the allowed data roots",
-        hint="add its directory to HPML_DATA_ROOTS (separated by ':')",
+        hint=f"add its directory to HPML_DATA_ROOTS (separated by '{os.pathsep}')",
     )

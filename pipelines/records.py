@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from components.errors import HpmlError
-from pipelines import locks
-from pipelines.paths import hpml_home
+from hpml.components.errors import HpmlError
+from hpml.pipelines import locks
+from hpml.pipelines.paths import hpml_home
 
 # MLflow 3 sends usage events to mlflow-telemetry.io from every process that imports it. hpml's processes reach
 # only the stores they are given, so its telemetry is off unless the user sets MLFLOW_DISABLE_TELEMETRY=false.
@@ -83,8 +83,8 @@ def start(pipeline_name: str, run_id: str, params: Mapping[str, Any], tags: Mapp
 
 
 # Files small enough to copy into the MLflow run beside the artifact URIs.
-SMALL_ARTIFACTS = ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "plan.json", "gpipe.json",
-                   "input_pipeline.json", "input_stall.json", "stages.json", "stages.png",
+SMALL_ARTIFACTS = ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "classification.json", "plan.json",
+                   "gpipe.json", "input_pipeline.json", "input_stall.json", "stages.json", "stages.png",
                    "soft_targets.json", "results.json", "results.md")
 
 
@@ -240,6 +240,9 @@ class RunSummary:
     constant_features: list[str] = field(default_factory=list)  # transformed, one value in every train example
 
 
+NODES_TAG = "hpml.nodes"  # the pipeline's node ids in run order, comma-separated
+
+
 def load(mlflow_run_id: str) -> RunSummary:
     run = client().get_run(mlflow_run_id)
     metrics, tags = run.data.metrics, run.data.tags
@@ -253,8 +256,8 @@ def load(mlflow_run_id: str) -> RunSummary:
         run_name=run.info.run_name,
         status=run.info.status,
         params=dict(run.data.params),
-        durations=_in_run_order(tags.get("hpml.pipeline"), {k[len(DURATION_METRIC):]: v for k, v in metrics.items()
-                                                            if k.startswith(DURATION_METRIC)}),
+        durations=_in_run_order(tags.get(NODES_TAG, ""), {k[len(DURATION_METRIC):]: v for k, v in metrics.items()
+                                                          if k.startswith(DURATION_METRIC)}),
         outputs=outputs,
         eval_metrics={k[len("eval_"):]: v for k, v in metrics.items() if k.startswith("eval_")},
         tags=dict(tags),
@@ -268,12 +271,10 @@ def load(mlflow_run_id: str) -> RunSummary:
     )
 
 
-def _in_run_order(pipeline_name: str | None, durations: dict[str, float]) -> dict[str, float]:
-    """Per-node durations in the order the pipeline's definition runs its nodes (ExampleGen first), not the
-    store's; nodes the definition does not name (or an unregistered pipeline's) come after, by name."""
-    from pipelines import registry
-
-    order = [node.id for node in registry.get(pipeline_name).nodes] if pipeline_name in registry.PIPELINES else []
+def _in_run_order(nodes: str, durations: dict[str, float]) -> dict[str, float]:
+    """Per-node durations in the order the pipeline runs its nodes (ExampleGen first; the run record's NODES_TAG),
+    not the store's; nodes it does not name (a record written before that tag) come after, by name."""
+    order = [node for node in nodes.split(",") if node]
     return dict(sorted(durations.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order),
                                                           kv[0])))
 

@@ -15,15 +15,16 @@ import os
 import re
 import shutil
 
-from components import artifacts
-from components.errors import HpmlError
-from components.input_pipeline.stall import describe_stall
-from pipelines import records
+from hpml.components import artifacts
+from hpml.components.errors import HpmlError
+from hpml.components.input_pipeline.stall import describe_stall
+from hpml.pipelines import records
 
 REPORT_DIR = "report"
 REPORT_FILE = "report.html"
 CURVE_GROUPS = {
-    "curves.png": ("Loss and accuracy per epoch", [("loss", "val_loss"), ("accuracy", "val_accuracy")]),
+    "curves.png": ("Loss and accuracy (or mean absolute error) per epoch",
+                   [("loss", "val_loss"), ("accuracy", "val_accuracy", "mae", "val_mae")]),
     "throughput.png": ("Throughput and step time per epoch", [("examples_per_sec",), ("step_time_ms",)]),
 }
 
@@ -45,6 +46,37 @@ def _plt():
     return plt
 
 
+def _epoch_axis(ax) -> None:
+    """Epochs are whole numbers: no 2.5 on the axis."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _plot_confusion(report: dict, path: str) -> None:
+    """The confusion matrix as a heatmap, each cell with its count: where the classifier goes wrong."""
+    plt = _plt()
+    names, matrix = report["classes"], report["confusion_matrix"]
+    size = max(3.5, 0.55 * len(names) + 2)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(matrix, cmap="Blues")
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    peak = max((max(row) for row in matrix), default=0)
+    for i, row in enumerate(matrix):
+        for j, count in enumerate(row):
+            ax.text(j, i, str(count), ha="center", va="center", fontsize=8,
+                    color="white" if count > peak / 2 else "black")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    ax.set_title(f"Confusion matrix ({report['examples']} eval examples)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _plot_series(series: dict[str, list], panels: list[tuple[str, ...]], title: str, path: str) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)
@@ -53,8 +85,8 @@ def _plot_series(series: dict[str, list], panels: list[tuple[str, ...]], title: 
             points = series.get(name) or []
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-        ax.set_xlabel("epoch")
-        ax.set_title(" / ".join(names))
+        _epoch_axis(ax)
+        ax.set_title(" / ".join(n for n in names if series.get(n)) or " / ".join(names))
         ax.grid(alpha=0.3)
         if any(series.get(n) for n in names):
             ax.legend(fontsize=8)
@@ -126,12 +158,14 @@ def collect(mlflow_run_id: str) -> dict:
                  "empty_columns": summary.empty_columns, "constant_features": summary.constant_features},
         "eval_metrics": summary.eval_metrics, "durations": summary.durations, "series": series,
         "plan": _read_json(os.path.join(run_dir, "plan.json")) if run_dir else None,
-        "gpipe": _read_json(os.path.join(run_dir, "gpipe.json")) if run_dir else None,
+        "gpipe": _read_json(os.path.join(run_dir, artifacts.GPIPE_RECORD_FILE)) if run_dir else None,
+        "classification": _read_json(os.path.join(run_dir, artifacts.CLASSIFICATION_FILE)) if run_dir else None,
+        "model_run_dir": run_dir,
+        "experiment_id": run.info.experiment_id, "tracking_uri": records.tracking_uri(),
         "input_stall": _read_json(os.path.join(run_dir, "input_stall.json")) if run_dir else None,
         "input_stages": _read_json(os.path.join(pipeline_dir, "stages.json")) if pipeline_dir else None,
         "input_stages_png": os.path.join(pipeline_dir, "stages.png") if pipeline_dir else None,
-        "input_decisions": {k[len("input_pipeline."):]: v for k, v in summary.tags.items()
-                            if k.startswith("input_pipeline.")},
+        "input_decisions": _input_decisions(summary, pipeline_dir),
         "distributed": {k: metrics[k] for k in ("restarts", "steps_lost", "recovery_seconds", "rejoin_seconds")
                         if k in metrics},
         "failed_node": summary.tags.get("hpml.failed_node"), "error": summary.tags.get("hpml.error"),
@@ -142,6 +176,18 @@ def collect(mlflow_run_id: str) -> dict:
         "node_curves": node_curves,
         "evaluation": _read_json(os.path.join(evaluation_dir, "results.json")) if evaluation_dir else None,
     }
+
+
+def _input_decisions(summary, pipeline_dir: str | None) -> list[tuple[str, str, str]]:
+    """(knob, value, why) for each choice the tuner made: from the InputPipeline spec where it is still on disk,
+    else the values the run record kept."""
+    from hpml.components.input_pipeline.spec import SPEC_FILE
+
+    spec = _read_json(os.path.join(pipeline_dir, SPEC_FILE)) if pipeline_dir else None
+    if spec and isinstance(spec.get("decisions"), list):
+        return sorted((str(d.get("what")), str(d.get("value")), str(d.get("why", ""))) for d in spec["decisions"])
+    return sorted((k[len("input_pipeline."):], v, "") for k, v in summary.tags.items()
+                  if k.startswith("input_pipeline."))
 
 
 def _img(path: str, alt: str) -> str:
@@ -160,6 +206,26 @@ STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;colo
          "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;"
          "text-align:left;font-size:14px}img{max-width:100%;border:1px solid #eee;margin:.5em 0}"
          "h2{border-bottom:1px solid #ddd;padding-bottom:.2em}.bad{color:#b00}")
+
+
+def open_commands(data: dict) -> list[str]:
+    """Shell commands that open the run in the MLflow UI and its training logs in TensorBoard."""
+    commands = []
+    uri = data.get("tracking_uri") or ""
+    if uri:
+        server = "" if uri.startswith(("http://", "https://")) else f"mlflow ui --backend-store-uri '{uri}'  # then "
+        base = uri if not server else "http://127.0.0.1:5000"
+        commands.append(f"{server}open {base}/#/experiments/{data['experiment_id']}/runs/{data['mlflow_run_id']}")
+    if data.get("model_run_dir") and os.path.isdir(data["model_run_dir"]):
+        commands.append(f"tensorboard --logdir '{data['model_run_dir']}'  # then open http://localhost:6006")
+    return commands
+
+
+def _open_section(data: dict) -> str:
+    commands = open_commands(data)
+    if not commands:
+        return ""
+    return "<h2>Open this run</h2><pre>" + html.escape("\n".join(commands)) + "</pre>"
 
 
 def _data_section(data: dict) -> str:
@@ -192,7 +258,7 @@ def _input_pipeline_section(data: dict, pngs: dict[str, str]) -> list[str]:
     if "input_stages.png" in pngs:
         parts.append(_img(pngs["input_stages.png"], "tf.data per-stage breakdown"))
     if data["input_decisions"]:
-        parts.append(_table(sorted(data["input_decisions"].items()), ("decision", "value")))
+        parts.append(_table(data["input_decisions"], ("decision", "value", "why")))
     return ["<h2>Input pipeline</h2>", *parts] if parts else []
 
 
@@ -210,12 +276,20 @@ def render(data: dict, pngs: dict[str, str]) -> str:
             parts.append(f"<p>What to do: {html.escape(data['error_hint'])}</p>")
     for node, error in data.get("retried", {}).items():
         parts.append(f"<p>{html.escape(node)} was retried; a try before failed: {html.escape(error)}</p>")
+    parts.append(_open_section(data))
     parts.append("<h2>Parameters</h2>" + _table(data["params"].items(), ("parameter", "value")))
     if data["data"]["examples"]:
         parts.append(_data_section(data["data"]))
     if data["eval_metrics"]:
         parts.append("<h2>Evaluation</h2>" + _table(
             [(k, f"{v:.4f}") for k, v in sorted(data["eval_metrics"].items())], ("metric", "value")))
+    if data.get("classification"):
+        report = data["classification"]
+        parts.append("<h2>Per class</h2>" + _table(
+            [(r["class"], f"{r['precision']:.3f}", f"{r['recall']:.3f}", f"{r['f1']:.3f}", r["support"])
+             for r in report["per_class"]], ("class", "precision", "recall", "F1", "eval examples")))
+        if "confusion.png" in pngs:
+            parts.append(_img(pngs["confusion.png"], "confusion matrix"))
     if data["plan"]:
         plan = data["plan"]
         reasons = "".join(f"<li>{html.escape(r)}</li>" for r in plan.get("reasons", []))
@@ -279,14 +353,17 @@ def build(mlflow_run_id: str, log_to_mlflow: bool = True) -> str:
             pngs["node_curves.png"] = os.path.join(out, "node_curves.png")
             _plot_series(data["series"], [tuple(data["node_curves"])], "Validation accuracy per epoch",
                          pngs["node_curves.png"])
+        if data.get("classification"):
+            pngs["confusion.png"] = os.path.join(out, "confusion.png")
+            _plot_confusion(data["classification"], pngs["confusion.png"])
         if data["durations"]:
             pngs["durations.png"] = os.path.join(out, "durations.png")
             _plot_durations(data["durations"], pngs["durations.png"])
         if data["input_stages_png"] and os.path.isfile(data["input_stages_png"]):
             pngs["input_stages.png"] = shutil.copy(data["input_stages_png"], os.path.join(out, "input_stages.png"))
         if data["gpipe"] and data["gpipe"].get("stage_costs_s"):
-            from components.trainer.gpipe import schedule
-            from components.trainer.gpipe.plot import plot_gantt
+            from hpml.components.trainer.gpipe import schedule
+            from hpml.components.trainer.gpipe.plot import plot_gantt
 
             g = data["gpipe"]
             order = schedule.build(g["schedule"], g["num_stages"], g["num_micro_batches"])
@@ -294,8 +371,8 @@ def build(mlflow_run_id: str, log_to_mlflow: bool = True) -> str:
             plot_gantt(order, [1e3 * c for c in g["stage_costs_s"]], pngs["gantt.png"],
                        f"{g['schedule']} K={g['num_stages']} M={g['num_micro_batches']}")
             if g.get("executed_events"):
-                from components.trainer.gpipe.plot import plot_executed
-                from components.trainer.gpipe.trace import OpEvent
+                from hpml.components.trainer.gpipe.plot import plot_executed
+                from hpml.components.trainer.gpipe.trace import OpEvent
 
                 pngs["executed_gantt.png"] = os.path.join(out, "executed_gantt.png")
                 plot_executed([OpEvent(*row) for row in g["executed_events"]], g["num_stages"],
@@ -325,7 +402,7 @@ def plot_overlay(run_ids: list[str], labels: list[str], path: str) -> dict[str, 
                 if points:
                     ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", markersize=3,
                             label=f"{name} ({label})")
-        ax.set_xlabel("epoch")
+        _epoch_axis(ax)
         ax.set_title(" / ".join(panel))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

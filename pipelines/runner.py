@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from components.trainer.launchers.stopping import Stopped
-from pipelines import params as params_mod
-from pipelines import records, report
-from pipelines.definition import Pipeline
-from pipelines.paths import artifact_root
+from hpml.components.trainer.launchers.stopping import Stopped
+from hpml.pipelines import records, report
+from hpml.pipelines.dsl import Pipeline
+from hpml.pipelines.paths import artifact_root
 
 log = logging.getLogger("hpml.runner")
 
@@ -61,12 +60,14 @@ def new_run_id() -> str:
 def start(pipeline: Pipeline, values: Mapping[str, Any], run_id: str | None = None,
           tags: Mapping[str, str] | None = None) -> RunContext:
     """Validate parameters (before any work), pick the run directory and open the run record."""
-    validated = params_mod.validate(pipeline.params_schema, values)
+    validated = pipeline.validate(values)
     run_id = run_id or new_run_id()
     run_dir = os.path.join(artifact_root(), pipeline.name, safe_run_id(run_id))
-    mlflow_run_id = records.start(pipeline.name, run_id, validated, {"hpml.run_dir": run_dir, **(tags or {})})
-    log.info("run %s of %s: artifacts under %s, record %s", run_id, pipeline.name, run_dir, mlflow_run_id)
-    log.info("run report (written when the run finishes): %s", report.report_path(run_dir))
+    mlflow_run_id = records.start(pipeline.name, run_id, validated, {
+        "hpml.run_dir": run_dir, records.NODES_TAG: ",".join(node.id for node in pipeline.nodes), **(tags or {})})
+    log.info("run %s of %s: artifacts under %s", run_id, pipeline.name, run_dir)
+    log.debug("run record %s; run report (written when the run finishes): %s", mlflow_run_id,
+              report.report_path(run_dir))
     return RunContext(pipeline.name, run_id, run_dir, validated, mlflow_run_id)
 
 
@@ -95,9 +96,8 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
     seconds = time.perf_counter() - started
     records.log_node(context.mlflow_run_id, node.id, outputs, properties, seconds, prefix)
     for name, uri in outputs.items():
-        log.info("%s: %s -> %s", node.id, name, uri)
+        log.debug("%s: %s -> %s", node.id, name, uri)
     log.info("%s: done in %.1fs", node.id, seconds)
-    log.info("run report (written when the run finishes): %s", report.report_path(context.run_dir))
     return NodeResult(node.id, outputs, properties, seconds)
 
 
@@ -119,7 +119,8 @@ def write_report(context: RunContext, why: str = "") -> str | None:
             records.client().set_tag(context.mlflow_run_id, "hpml.report_error",
                                      f"{type(err).__name__}: {err}"[:5000])
         return None
-    log.info("run report%s: %s", f" ({why})" if why else "", path)
+    # A finished run's summary prints the path; a failed or retried one's is worth saying now.
+    log.log(logging.INFO if why else logging.DEBUG, "run report%s: %s", f" ({why})" if why else "", path)
     return path
 
 

@@ -37,7 +37,7 @@ tf.config.set_logical_device_configuration(
 
 @pytest.fixture(scope="session")
 def penguin_csv() -> str:
-    from pipelines.paths import penguins_csv
+    from hpml.examples.penguin.pipeline import penguins_csv
 
     return penguins_csv()
 
@@ -45,7 +45,7 @@ def penguin_csv() -> str:
 @pytest.fixture(scope="session")
 def airflow_db():
     """A migrated SQLite Airflow metadata DB for this session."""
-    from pipelines import airflow_local
+    from hpml.pipelines.airflow import local as airflow_local
 
     airflow_local.migrate()
     return os.environ["AIRFLOW_HOME"]
@@ -54,7 +54,8 @@ def airflow_db():
 @pytest.fixture(scope="session")
 def penguin_dag_run(airflow_db):
     """One real Airflow DAG run of the penguin pipeline, shared by the tests that inspect it."""
-    from pipelines import airflow_local, records
+    from hpml.pipelines import records
+    from hpml.pipelines.airflow import local as airflow_local
 
     conf = {"epochs": TINY_EPOCHS, "batch_size": 16, "strategy": "one_device", "learning_rate": 0.02}
     dag_run = airflow_local.test_run("penguin", conf)

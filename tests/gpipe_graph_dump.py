@@ -21,7 +21,7 @@ tf.config.set_logical_device_configuration(
 
 import tf_keras  # noqa: E402
 
-from components.trainer.gpipe.pipeline_model import PipelineModel  # noqa: E402
+from hpml.components.trainer.gpipe.pipeline_model import PipelineModel  # noqa: E402
 from tests.test_gpipe import LR, _data, _layers, _pair  # noqa: E402
 
 

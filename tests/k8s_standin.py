@@ -22,7 +22,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 
-from components.trainer.launchers.local import free_ports
+from hpml.components.trainer.launchers.local import free_ports
 from tests.loopback_jobs import LoopbackJobService, Replica, reply_json
 
 _ROLES = {"Chief": "chief", "Worker": "worker", "PS": "ps"}

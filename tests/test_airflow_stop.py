@@ -30,8 +30,8 @@ def test_marking_a_running_trainer_failed_stops_its_workers(stack):
     import json
     import signal
 
-    from pipelines import records, runner
-    from pipelines.paths import artifact_root
+    from hpml.pipelines import records, runner
+    from hpml.pipelines.paths import artifact_root
 
     conf = {"epochs": 1000, "num_workers": 2, "strategy": "multi_worker_mirrored", "batch_size": 8}
     run_id = stack.api("dags/penguin/dagRuns", "POST", {"logical_date": None, "conf": conf})["dag_run_id"]

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from components import artifacts
-from components.errors import InputDataError, SpecError
+from hpml.components import artifacts
+from hpml.components.errors import InputDataError, SpecError
 
 
 def test_publish_renames_into_place_only_on_success(tmp_path):

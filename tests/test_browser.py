@@ -81,7 +81,7 @@ def _trigger(page, dialog) -> str:
 
 
 def test_form_trigger_runs_the_pipeline_with_exactly_those_values(page, stack):
-    from pipelines import records
+    from hpml.pipelines import records
 
     dialog = _open_trigger_form(page, stack)
     # The form explains itself: titles, descriptions and enum choices come from the Params.

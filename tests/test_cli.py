@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-HPML = [sys.executable, "-m", "pipelines.cli"]
+HPML = [sys.executable, "-m", "hpml.pipelines.cli"]
 
 
 def _hpml(*args, timeout=600, columns=200, **env_vars):
@@ -31,6 +31,24 @@ def local_run(penguin_dag_run, tmp_path_factory):
     assert done.returncode == 0, done.stderr[-3000:]
     done.data_path, done.rows = str(data), len(lines) - 1
     return done
+
+
+def test_a_plain_run_is_quiet_and_verbose_brings_the_detail_back(local_run, tmp_path):
+    """No TensorFlow start-up lines and no error-level line on a CPU run; one line for the input pipeline's
+    decisions; the report's path once. --verbose shows each decision and TensorFlow's own lines."""
+    both = local_run.stdout + local_run.stderr
+    for noise in ("cudart_stub", "cuInit", "absl::InitializeLog", "E0000 "):
+        assert noise not in both, noise
+    tuner = [line for line in local_run.stderr.splitlines() if "input pipeline:" in line]
+    assert len(tuner) == 1 and "tuned cache=" in tuner[0], tuner
+    report = re.findall(r"report\.html", both)
+    assert len(report) == 1, [line for line in both.splitlines() if "report.html" in line]
+
+    verbose = _hpml("--verbose", "run", "penguin", "--param", "epochs=1")
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    decisions = [line for line in verbose.stderr.splitlines() if "input pipeline: " in line]
+    assert len(decisions) >= 10 and any("map_parallelism = " in line for line in decisions), decisions
+    assert "cudart_stub" in verbose.stderr, "verbose keeps TensorFlow's start-up lines"
 
 
 def test_local_run_prints_a_summary(local_run):
@@ -67,7 +85,7 @@ def test_runs_piped_with_no_columns_set_keeps_each_run_on_one_line(local_run, pe
 
 
 def test_ids_that_runs_shows_on_a_narrow_terminal_work_in_report_and_compare(local_run, penguin_dag_run):
-    from pipelines import records
+    from hpml.pipelines import records
 
     done = _hpml("runs", "--pipeline", "penguin", columns=80)
     assert done.returncode == 0, done.stderr
@@ -85,7 +103,7 @@ def test_ids_that_runs_shows_on_a_narrow_terminal_work_in_report_and_compare(loc
 
 
 def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run):
-    from pipelines import records
+    from hpml.pipelines import records
 
     local_id = records.recent("penguin", 1)[0].info.run_id
     done = _hpml("runs", "compare", penguin_dag_run["mlflow_run_id"], local_id)
@@ -108,7 +126,7 @@ def test_compare_shows_differing_params_side_by_side(local_run, penguin_dag_run)
 
 
 def test_compare_refuses_one_run_twice_and_tells_apart_runs_that_share_a_name():
-    from pipelines import records
+    from hpml.pipelines import records
 
     first, second = (records.start("compare_test", "rerun", {"epochs": epochs}, {}) for epochs in (1, 2))
     done = _hpml("runs", "compare", first, first[:6].upper())
@@ -122,19 +140,19 @@ def test_compare_refuses_one_run_twice_and_tells_apart_runs_that_share_a_name():
 
 
 def test_report_prints_the_run_reports_path(local_run):
-    from pipelines import records
+    from hpml.pipelines import records
 
     run = records.load(records.recent("penguin", 1)[0].info.run_id)
     done = _hpml("report", run.run_name)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == run.tags["hpml.report"] and os.path.isfile(done.stdout.strip())
-    assert "run report: " + run.tags["hpml.report"] in local_run.stderr
+    assert f"report: {run.tags['hpml.report']}\n" in local_run.stdout
     page = open(done.stdout.strip(), encoding="utf-8").read()
     assert re.search(r"<h2>Data</h2><p>\d+ examples from 1 file: train \d+, eval \d+; <b>2 bad rows skipped</b>", page)
 
 
 def test_report_open_hands_the_report_to_the_browser_or_says_it_could_not(local_run, tmp_path):
-    from pipelines import records
+    from hpml.pipelines import records
 
     run = records.load(records.recent("penguin", 1)[0].info.run_id)
     browser = tmp_path / "browser.sh"
@@ -207,7 +225,7 @@ def test_a_failed_component_ends_in_its_own_error_and_hint_on_either_engine(engi
     assert listed[row + 1].split()[-1] == "ExampleGen", "the listing names the component a failed run stopped in"
     # The failed run's report was written where it failed (under Airflow, finish_run never runs), and the log
     # says where; before, only `hpml report RUN` wrote one.
-    from pipelines import records
+    from hpml.pipelines import records
 
     tags = records.load(records.resolve(listed[row].split()[0])).tags
     page = open(tags["hpml.report"], encoding="utf-8").read()
@@ -231,7 +249,7 @@ def test_ctrl_c_ends_a_run_in_two_lines_and_its_record_says_where(tmp_path, engi
     import signal
     import time
 
-    from pipelines import records
+    from hpml.pipelines import records
 
     log, out = tmp_path / "stderr.txt", tmp_path / "stdout.txt"  # dag.test echoes the task logs on stdout
     with open(log, "w", encoding="utf-8") as err, open(out, "w", encoding="utf-8") as stdout:
@@ -264,7 +282,7 @@ def _local_run_histories(conf: dict) -> tuple[str, dict]:
 
 
 def _histories(run_id: str) -> dict:
-    from pipelines import records
+    from hpml.pipelines import records
 
     keys = sorted(k for k in records.client().get_run(run_id).data.metrics if k.endswith(("loss", "accuracy")))
     return {key: records.history(run_id, key) for key in keys}
@@ -284,7 +302,7 @@ def test_a_local_run_reproduces_the_dag_run_exactly(penguin_dag_run):
 def test_another_seed_learns_another_model(penguin_dag_run):
     """The `seed` parameter reaches the Trainer: initial weights and shuffle order change, so the
     training loss differs from the first epoch on, and the run records the seed."""
-    from pipelines import records
+    from hpml.pipelines import records
 
     run_id, other = _local_run_histories({**penguin_dag_run["conf"], "seed": 7})
     dag = _histories(penguin_dag_run["mlflow_run_id"])

@@ -54,13 +54,13 @@ def test_dag_files_load_without_tensorflow_or_beam(airflow_db):
 
 
 def test_a_component_loads_its_executor_when_it_runs():
-    from components.errors import SpecError
-    from components.trainer import TRAINER
-    from components.trainer.executor import run as trainer_run
+    from hpml.components.errors import SpecError
+    from hpml.components.trainer import TRAINER
+    from hpml.components.trainer.executor import run as trainer_run
 
     assert TRAINER.load_executor() is trainer_run
-    broken = dataclasses.replace(TRAINER, executor="components.trainer.executor:no_such_function")
-    with pytest.raises(SpecError, match="Trainer: cannot load executor 'components.trainer.executor:no_such"):
+    broken = dataclasses.replace(TRAINER, executor="hpml.components.trainer.executor:no_such_function")
+    with pytest.raises(SpecError, match="Trainer: cannot load executor 'hpml.components.trainer.executor:no_such"):
         broken.load_executor()
 
 
@@ -70,7 +70,7 @@ def test_full_dag_run_succeeds(penguin_dag_run):
 
 
 def test_run_record_contents(penguin_dag_run):
-    from pipelines import records
+    from hpml.pipelines import records
 
     summary = penguin_dag_run["summary"]
     run_id = penguin_dag_run["dag_run"].run_id
@@ -80,8 +80,8 @@ def test_run_record_contents(penguin_dag_run):
     assert summary.tags["airflow.dag_id"] == "penguin" and summary.tags["airflow.run_id"] == run_id
     assert set(summary.durations) == {"ExampleGen", "Transform", "Trainer"}
     assert all(seconds > 0 for seconds in summary.durations.values())
-    from pipelines.paths import artifact_root
-    from pipelines.runner import safe_run_id
+    from hpml.pipelines.paths import artifact_root
+    from hpml.pipelines.runner import safe_run_id
 
     run_dir = str(artifact_root() / "penguin" / safe_run_id(run_id))
     assert summary.tags["hpml.run_dir"] == run_dir
@@ -113,8 +113,8 @@ def test_run_record_contents(penguin_dag_run):
 def test_invalid_trigger_values_are_refused_before_any_work(airflow_db):
     from airflow.sdk.definitions.param import ParamValidationError
 
-    from pipelines import airflow_local
-    from pipelines.paths import artifact_root
+    from hpml.pipelines.airflow import local as airflow_local
+    from hpml.pipelines.paths import artifact_root
 
     before = set(os.listdir(artifact_root() / "penguin")) if (artifact_root() / "penguin").exists() else set()
     with pytest.raises(ParamValidationError, match="epochs"):
@@ -128,7 +128,7 @@ def test_a_nan_in_the_run_conf_fails_start_run_and_nothing_else_runs(airflow_db)
     (tests/test_params.py). Through Airflow it arrives as null, which Airflow's own check refuses: either way
     start_run fails and no component runs. (Airflow's task runner logs "Invalid input for param learning_rate";
     its log streams outlive pytest's output capture, so the message is not checked here.)"""
-    from pipelines import airflow_local
+    from hpml.pipelines.airflow import local as airflow_local
 
     run = airflow_local.test_run("penguin", {"learning_rate": float("nan")})
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
@@ -141,9 +141,9 @@ def test_task_retries_come_from_the_environment_and_bad_values_are_named(monkeyp
     how a run under `hpml run --engine airflow` (and any scheduler) gets them."""
     from datetime import timedelta
 
-    from components.errors import SpecError
-    from pipelines.airflow_dag import build_dag
-    from pipelines.penguin import PIPELINE
+    from hpml.components.errors import SpecError
+    from hpml.pipelines.airflow.dag import build_dag
+    from hpml.examples.penguin.pipeline import PIPELINE
 
     monkeypatch.delenv("HPML_TASK_RETRIES", raising=False)
     plain = build_dag(PIPELINE)
@@ -173,8 +173,8 @@ def test_task_retries_come_from_the_environment_and_bad_values_are_named(monkeyp
 RETRY_DAG = '''
 import dataclasses
 
-from pipelines.airflow_dag import build_dag
-from pipelines.penguin import PIPELINE
+from hpml.pipelines.airflow.dag import build_dag
+from hpml.examples.penguin.pipeline import PIPELINE
 
 trainer = PIPELINE.node("Trainer")
 fail_once = dataclasses.replace(trainer, params=lambda p: dict(trainer.params(p), module={module!r}))
@@ -184,7 +184,7 @@ dag = build_dag(dataclasses.replace(PIPELINE, name="penguin_retry", nodes=(*PIPE
 
 RETRY_RUN = '''
 import json
-from pipelines import airflow_local
+from hpml.pipelines.airflow import local as airflow_local
 
 airflow_local.configure()
 airflow_local.migrate()
@@ -202,7 +202,7 @@ def test_a_task_that_fails_once_is_retried_by_airflow_and_the_run_record_ends_fi
     """A real DAG run (its own Airflow home and DAG folder) whose Trainer loses a worker on its first try:
     with HPML_TASK_RETRIES=1 Airflow retries it, the retry trains, and the record and report end FINISHED,
     naming the retried node, where they had said FAILED in Trainer."""
-    from pipelines import records
+    from hpml.pipelines import records
 
     dags = tmp_path / "dags"
     dags.mkdir()

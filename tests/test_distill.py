@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from components.errors import SpecError
-from components.trainer.distill import loss as kd
-from components.trainer.distill.distiller import SOFT_TARGETS_KEY, Distiller, check_teachers
+from hpml.components.errors import SpecError
+from hpml.components.trainer.distill import loss as kd
+from hpml.components.trainer.distill.distiller import SOFT_TARGETS_KEY, Distiller, check_teachers
 
 
 def _softmax(z):

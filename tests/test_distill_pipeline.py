@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from components.errors import SpecError
-from components.soft_targets import SOFT_TARGETS
-from components.trainer import TRAINER
-from components.trainer.distill.loss import ensemble_soft_targets
+from hpml.components.errors import SpecError
+from hpml.components.soft_targets import SOFT_TARGETS
+from hpml.components.trainer import TRAINER
+from hpml.components.trainer.distill.loss import ensemble_soft_targets
 from tests.helpers import trainer_outputs
 
 CONF = {"teacher_epochs": 4, "student_epochs": 3, "teacher_hidden": 32, "student_hidden": 8, "batch_size": 64,
@@ -24,7 +24,8 @@ ROWS = ["teacher_0", "teacher_1", "teacher_2", "ensemble", "student_scratch", "s
 
 @pytest.fixture(scope="module")
 def distill_run(airflow_db):
-    from pipelines import airflow_local, records
+    from hpml.pipelines import records
+    from hpml.pipelines.airflow import local as airflow_local
 
     dag_run = airflow_local.test_run("distillation", CONF)
     mlflow_run_id = records.find("airflow.run_id", dag_run.run_id, "distillation")
@@ -54,7 +55,7 @@ def _results(outputs):
 
 
 def test_dag_runs_every_model_and_scores_them_on_one_eval_split(distill_run):
-    from pipelines import records
+    from hpml.pipelines import records
 
     assert str(distill_run["dag_run"].state).endswith("success")
     results = _results(distill_run["outputs"])
@@ -96,7 +97,7 @@ def test_dag_runs_every_model_and_scores_them_on_one_eval_split(distill_run):
 def test_ensemble_names_columns_from_the_members_class_names_not_from_their_predictions():
     from types import SimpleNamespace
 
-    from components.evaluator.executor import _ensemble_row
+    from hpml.components.evaluator.executor import _ensemble_row
 
     # Each member's own argmax is column 0 or 1; their average picks column 2, which neither predicts.
     first = np.array([[0.50, 0.05, 0.45]])
@@ -145,7 +146,7 @@ def _trainer_inputs(outputs, examples=None, teachers=None):
 
 def _distill_params(**extra):
     hp = {"hidden": [8], "epochs": 2, "batch_size": 64, "seed": 3, "learning_rate": 0.01}
-    return dict({"module": "pipelines.digits_module", "mode": "distill", "temperature": CONF["temperature"],
+    return dict({"module": "hpml.examples.distillation.module", "mode": "distill", "temperature": CONF["temperature"],
                  "alpha": 0.7, "strategy": "one_device", "hyperparameters": hp}, **extra)
 
 
@@ -198,7 +199,7 @@ def test_distill_on_mirrored_replicas_equals_one_device_and_teachers_on_the_fly(
                             _distill_params(**extra))
         assert props["distillation"]["soft_targets"] == "precomputed"
         runs[name] = props
-    from components.trainer.strategies import make_strategy
+    from hpml.components.trainer.strategies import make_strategy
 
     assert runs["mirrored"]["plan"]["strategy"] == "mirrored" and make_strategy("mirrored").num_replicas_in_sync == 4
     for one, mirrored in zip(_student_weights(str(tmp_path / "one" / "model")),
@@ -217,8 +218,8 @@ CRASH_ONCE = textwrap.dedent('''
     """The digits run_fn, but the first attempt dies after epoch 2 (a lost worker)."""
     import json, os
     import tf_keras
-    from pipelines import digits_module
-    from components.trainer import callbacks
+    from hpml.examples.distillation import module as digits_module
+    from hpml.components.trainer import callbacks
 
     class DieAfterSecondEpoch(tf_keras.callbacks.Callback):
         def __init__(self, marker):
@@ -280,8 +281,7 @@ def test_distillation_dag_shape_and_trigger_form(airflow_db):
 
 
 def test_parsing_the_dag_writes_nothing_and_a_run_writes_the_digits_csv(tmp_path, monkeypatch):
-    from pipelines import distillation
-    from pipelines.params import validate
+    from hpml.examples.distillation import pipeline as distillation
 
     monkeypatch.setenv("HPML_HOME", str(tmp_path))
     pipeline = distillation.build()  # what every parse of dags/distillation.py does
@@ -290,7 +290,7 @@ def test_parsing_the_dag_writes_nothing_and_a_run_writes_the_digits_csv(tmp_path
     assert default_path == str(tmp_path / "data" / "digits.csv")
 
     example_gen = pipeline.node("ExampleGen")
-    params = validate(pipeline.params_schema, {})
+    params = pipeline.validate({})
     assert example_gen.params(params)["input_path"] == default_path
     rows = Path(default_path).read_text().splitlines()
     assert rows[0].split(",")[-1] == "digit" and len(rows[0].split(",")) == 65 and len(rows) == 1 + 1797
@@ -302,9 +302,9 @@ def test_parsing_the_dag_writes_nothing_and_a_run_writes_the_digits_csv(tmp_path
 
 
 def test_list_inputs_are_wired_as_lists_only():
-    from components.evaluator import EVALUATOR
-    from pipelines.definition import Node, Pipeline
-    from pipelines.distillation import build
+    from hpml.components.evaluator import EVALUATOR
+    from hpml.pipelines.dsl import Node, Pipeline
+    from hpml.examples.distillation.pipeline import build
 
     pipeline = build(num_teachers=1, name="one_teacher")
     assert pipeline.node("SoftTargets").upstream == ["Teacher_0", "Transform"]
@@ -318,7 +318,7 @@ def test_list_inputs_are_wired_as_lists_only():
 
 
 def test_teacher_jitter_moves_each_image_by_one_of_the_shifts():
-    from pipelines.digits_module import SHIFTS, _shift_batch, shift_pixels
+    from hpml.examples.distillation.module import SHIFTS, _shift_batch, shift_pixels
 
     images = np.arange(1, 65, dtype=np.float32).reshape(1, 8, 8)
     for dx, dy in SHIFTS:
@@ -337,7 +337,7 @@ def test_teacher_jitter_moves_each_image_by_one_of_the_shifts():
 
 
 def test_run_report_shows_the_table_and_every_models_curve(distill_run):
-    from pipelines import records
+    from hpml.pipelines import records
 
     report = distill_run["summary"].tags["hpml.report"]
     folder = os.path.dirname(report)

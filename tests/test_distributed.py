@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.errors import SpecError
-from components.trainer import TRAINER
-from components.trainer.callbacks import read_progress
-from components.trainer.launchers.local import LaunchError
+from hpml.components.errors import SpecError
+from hpml.components.trainer import TRAINER
+from hpml.components.trainer.callbacks import read_progress
+from hpml.components.trainer.launchers.local import LaunchError
 from tests.helpers import trainer_inputs, trainer_outputs
 
 TOY = os.path.join(os.path.dirname(__file__), "assets", "toy_run_fn.py")
@@ -58,11 +58,11 @@ def test_central_storage_retry_resumes_from_its_backup_with_the_uninterrupted_we
 
 @pytest.mark.parametrize("strategy, replicas", [("mirrored", 4), ("central_storage", 4)])
 def test_mirrored_and_central_storage_on_logical_cpus(penguin_outputs, tmp_path, strategy, replicas):
-    from components.trainer.strategies import make_strategy
+    from hpml.components.trainer.strategies import make_strategy
 
     assert make_strategy(strategy).num_replicas_in_sync == replicas
     result = TRAINER.run(trainer_inputs(penguin_outputs), trainer_outputs(tmp_path, strategy), {
-        "module": "pipelines.penguin_module", "strategy": strategy,
+        "module": "hpml.examples.penguin.module", "strategy": strategy,
         "hyperparameters": {"epochs": 3, "batch_size": 16}})
     assert result["plan"]["strategy"] == strategy
     losses = [row["loss"] for row in result["history"]]
@@ -92,7 +92,7 @@ def test_parameter_server_training_with_two_workers_and_one_ps(penguin_outputs, 
     outputs = trainer_outputs(tmp_path, "pss")
     inputs = dict(trainer_inputs(penguin_outputs), input_pipeline=penguin_outputs["Transform"]["input_pipeline"])
     result = TRAINER.run(inputs, outputs, {
-        "module": "pipelines.penguin_module", "num_workers": 2, "num_ps": 1, "max_restarts": 0,
+        "module": "hpml.examples.penguin.module", "num_workers": 2, "num_ps": 1, "max_restarts": 0,
         # The module's default rate: at 0.05 Adam drives the loss to ~0 by epoch 2 and asynchronous
         # updates then throw it back up (epoch 4 at 0.0001-0.93x epoch 1 over 9 runs, one over 0.7x).
         "hyperparameters": {"epochs": 4, "batch_size": 16, "learning_rate": 0.01}})
@@ -186,7 +186,7 @@ def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs,
     work, epochs = outputs["model"] + ".work", 10
     thread, killed = _kill_when(_ps_epoch_backed_up(outputs, work), work, "ps-0", within_s=300)
     result = TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
-        "module": "pipelines.penguin_module", "num_workers": 2, "num_ps": 1, "max_restarts": 1,
+        "module": "hpml.examples.penguin.module", "num_workers": 2, "num_ps": 1, "max_restarts": 1,
         "backup_save_freq": 5, "hyperparameters": {"epochs": epochs, "batch_size": 8, "learning_rate": 0.05}})
     thread.join()
     assert killed, "the parameter server was never killed"
@@ -211,7 +211,7 @@ def test_parameter_server_worker_is_restarted_alone_and_taken_back(penguin_outpu
     stop_watching, pids = _watch_pids(work)
     thread, killed = _kill_when(_ps_epoch_backed_up(outputs, work), work, "worker-0", within_s=300)
     result = TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
-        "module": "pipelines.penguin_module", "num_workers": 1, "num_ps": 1, "max_restarts": 1,
+        "module": "hpml.examples.penguin.module", "num_workers": 1, "num_ps": 1, "max_restarts": 1,
         "hyperparameters": {"epochs": epochs, "batch_size": 8, "learning_rate": 0.05}})
     thread.join()
     stop_watching.set()
@@ -241,7 +241,7 @@ def test_killed_worker_is_restarted_and_training_resumes_from_backup(penguin_out
 
     thread, killed = _kill_when(step_40_backed_up, work, "worker-1", within_s=240)
     result = TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
-        "module": "pipelines.penguin_module", "num_workers": 2, "max_restarts": 2, "backup_save_freq": 5,
+        "module": "hpml.examples.penguin.module", "num_workers": 2, "max_restarts": 2, "backup_save_freq": 5,
         "hyperparameters": {"epochs": epochs, "batch_size": batch}})
     thread.join()
     assert killed, "the worker was never killed"
@@ -263,7 +263,7 @@ def test_failure_past_retries_is_clear_and_keeps_the_backup(penguin_outputs, tmp
     bad = tmp_path / "crash.py"
     bad.write_text("import os\n"
                    "def run_fn(fn_args):\n"
-                   "    from components.trainer.strategies import make_strategy\n"
+                   "    from hpml.components.trainer.strategies import make_strategy\n"
                    "    make_strategy(fn_args.custom_config['strategy'])\n"
                    "    os.makedirs(os.path.join(fn_args.working_dir, 'backup'), exist_ok=True)\n"
                    "    raise ValueError('out of coffee')\n")
@@ -284,8 +284,8 @@ def test_bad_input_in_a_worker_fails_at_once_without_restarts(penguin_outputs, t
     bad = tmp_path / "bad_input.py"
     bad.write_text("import os, time\n"
                    "def run_fn(fn_args):\n"
-                   "    from components.errors import InputDataError\n"
-                   "    from components.trainer.strategies import make_strategy, is_chief\n"
+                   "    from hpml.components.errors import InputDataError\n"
+                   "    from hpml.components.trainer.strategies import make_strategy, is_chief\n"
                    "    make_strategy(fn_args.custom_config['strategy'])\n"
                    "    if not is_chief():\n"
                    "        time.sleep(120)\n"
@@ -294,7 +294,7 @@ def test_bad_input_in_a_worker_fails_at_once_without_restarts(penguin_outputs, t
                    "    raise InputDataError('data.csv:7: row 7 is bad', hint='fix row 7')\n")
     outputs = trainer_outputs(tmp_path, "bad_input")
     with pytest.raises(LaunchError, match=r"not restarted: worker-0 exited with code 2: "
-                                          r"components.errors.InputDataError: data.csv:7: row 7 is bad") as err:
+                                          r"hpml.components.errors.InputDataError: data.csv:7: row 7 is bad") as err:
         TRAINER.run(trainer_inputs(penguin_outputs), outputs, {"module": str(bad), "num_workers": 2, "max_restarts": 2})
     assert "would fail the same way" in err.value.hint
     with open(outputs["model"] + ".work/attempts") as handle:
@@ -336,7 +336,7 @@ def test_no_process_outlives_a_failed_job(penguin_outputs, tmp_path):
     bad = tmp_path / "crash_late.py"
     bad.write_text("import os, time\n"
                    "def run_fn(fn_args):\n"
-                   "    from components.trainer.strategies import make_strategy, is_chief\n"
+                   "    from hpml.components.trainer.strategies import make_strategy, is_chief\n"
                    "    make_strategy(fn_args.custom_config['strategy'])\n"
                    "    if is_chief():\n"
                    "        raise SystemExit(3)\n"
@@ -364,7 +364,7 @@ def _start_sleeping_cluster(tmp_path, prelude: str = ""):
                                            "transform_graph_path": None, "serving_model_dir": str(tmp_path / "m"),
                                            "eval_model_dir": str(tmp_path / "e"), "model_run_dir": str(tmp_path),
                                            "base_model": None, "hyperparameters": {}, "custom_config": {}}}))
-    script = (f"{prelude}from components.trainer.launchers.local import LocalLauncher; "
+    script = (f"{prelude}from hpml.components.trainer.launchers.local import LocalLauncher; "
               f"LocalLauncher(2, max_restarts=0).run({str(job)!r}, {str(tmp_path)!r})")
     # -X faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack.
     with open(tmp_path / "launcher.err", "w") as stderr:
@@ -458,7 +458,7 @@ def test_exit_reason_quotes_a_crash_but_not_the_noise_before_a_kill():
     nothing to do with its death."""
     import sys
 
-    from components.trainer.launchers.local import _exit_reason, _Process
+    from hpml.components.trainer.launchers.local import _exit_reason, _Process
 
     crashed = _Process("worker-1", [sys.executable, "-c", "print('loading shard 3'); print('disk full'); "
                                     "raise SystemExit(3)"], dict(os.environ), echo=lambda line: None)

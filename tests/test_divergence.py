@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from components.errors import TrainingDiverged
-from components.trainer import TRAINER
-from components.trainer.launchers.local import LaunchError
+from hpml.components.errors import TrainingDiverged
+from hpml.components.trainer import TRAINER
+from hpml.components.trainer.launchers.local import LaunchError
 from tests.helpers import trainer_inputs, trainer_outputs
 
 DIVERGING = os.path.join(os.path.dirname(__file__), "assets", "diverging_run_fn.py")

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from components.trainer.callbacks import EpochMetricsLogger, read_metrics
+from hpml.components.trainer.callbacks import EpochMetricsLogger, read_metrics
 
 SLEEP_S = 0.3  # per validation batch: far longer than a training step of this model
 
@@ -46,7 +46,7 @@ def test_throughput_and_step_time_leave_validation_out(tmp_path, caplog):
 
 
 def test_a_small_loss_is_not_shown_as_zero():
-    from components.trainer.callbacks import _shown
+    from hpml.components.trainer.callbacks import _shown
 
     shown = [_shown("loss", v) for v in (0.0117, 0.00014, 1.2e-5, 0.0, float("nan"))]
     assert shown == ["0.0117", "1.400e-04", "1.200e-05", "0.0000", "nan"]  # 0.00014 read as "0.0001"
@@ -70,7 +70,7 @@ def test_a_batch_size_above_the_training_split_is_named_in_a_warning(tmp_path, c
     """batch_size 512 on penguin's ~230 train examples trained one short step per epoch, and nothing said so."""
     import types
 
-    from components.trainer.callbacks import epoch_size, standard_callbacks
+    from hpml.components.trainer.callbacks import epoch_size, standard_callbacks
 
     fn_args = types.SimpleNamespace(working_dir=str(tmp_path / "work"), model_run_dir=str(tmp_path / "run"))
     data = tf.data.Dataset.from_tensor_slices(np.ones((60, 3), np.float32))

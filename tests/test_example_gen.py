@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from components import artifacts
-from components.errors import InputDataError, SpecError
-from components.example_gen import EXAMPLE_GEN
-from components.example_gen.schema_inference import read_schema, write_schema
+from hpml.components import artifacts
+from hpml.components.errors import InputDataError, SpecError
+from hpml.components.example_gen import EXAMPLE_GEN
+from hpml.components.example_gen.schema_inference import read_schema, write_schema
 from tests.helpers import write_csv
 
 HEADER = "species,island,bill_length_mm,year"
@@ -94,7 +94,7 @@ def test_split_is_the_same_in_every_process(tmp_path):
 
     header = ",".join(f"c{i}" for i in range(24))
     csv = write_csv(tmp_path / "wide.csv", header, [",".join(str(i * j % 17) for j in range(24)) for i in range(90)])
-    script = ("import sys; from components.example_gen import EXAMPLE_GEN; "
+    script = ("import sys; from hpml.components.example_gen import EXAMPLE_GEN; "
               "print('COUNTS', EXAMPLE_GEN.run({}, {'examples': sys.argv[2], 'schema': sys.argv[3]}, "
               "{'input_path': sys.argv[1]})['split_counts'])")
     runs = []
@@ -361,8 +361,8 @@ def test_a_tfrecord_feature_of_two_kinds_names_a_record_of_each(tmp_path):
 
 
 def test_the_penguin_pipeline_declares_its_numeric_columns(tmp_path, penguin_csv):
-    from pipelines import runner
-    from pipelines.penguin import PIPELINE
+    from hpml.pipelines import runner
+    from hpml.examples.penguin.pipeline import PIPELINE
 
     header, *rows = open(penguin_csv, encoding="utf-8").read().splitlines()
     fields = rows[9].split(",")
@@ -691,7 +691,7 @@ def test_a_long_run_logs_its_progress_through_the_file_and_the_conversion(tmp_pa
     """A large CSV ran for minutes with no line in the task log. With lines due at every look at the clock, the
     read names the file and how far through it it is (its compressed bytes, when GZIP); the conversion to
     tf.Examples, where most of the time goes, counts against every row read."""
-    from components.example_gen import sources
+    from hpml.components.example_gen import sources
 
     monkeypatch.setattr(sources, "PROGRESS_EVERY_S", 0.0)
     monkeypatch.setattr(sources, "_PROGRESS_CHECK_ROWS", 1000)

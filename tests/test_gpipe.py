@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from components.errors import SpecError
-from components.trainer.gpipe import partition, schedule
-from components.trainer.gpipe.pipeline_model import PipelineModel
+from hpml.components.errors import SpecError
+from hpml.components.trainer.gpipe import partition, schedule
+from hpml.components.trainer.gpipe.pipeline_model import PipelineModel
 
 LR = 0.1
 BALANCES = {1: [5], 2: [3, 2], 4: [2, 1, 1, 1]}
@@ -46,7 +46,7 @@ class _Repeated(tf_keras.layers.Layer):
 
 
 def test_profiled_balance_follows_deliberately_unequal_costs():
-    from components.trainer.gpipe.profile import layer_costs
+    from hpml.components.trainer.gpipe.profile import layer_costs
 
     # Costs about [12, 12, 1, 1] (plus a fixed per-call overhead): the best 2-way split [[0], [1, 2, 3]]
     # (max ~ 12 + 2 light layers) beats the next, [[0, 1], [2, 3]] (max ~ 24), by a margin that
@@ -291,13 +291,13 @@ def test_fit_with_backup_and_restore_and_savedmodel_export(tmp_path):
 
 
 def test_trainer_gpipe_strategy_records_the_pipeline_and_serves(penguin_outputs, tmp_path):
-    from components.trainer import TRAINER
+    from hpml.components.trainer import TRAINER
 
     outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "run")}
     result = TRAINER.run({"examples": penguin_outputs["Transform"]["transformed_examples"],
                           "transform_graph": penguin_outputs["Transform"]["transform_graph"],
                           "schema": penguin_outputs["ExampleGen"]["schema"]}, outputs, {
-        "module": "pipelines.penguin_module", "strategy": "gpipe",
+        "module": "hpml.examples.penguin.module", "strategy": "gpipe",
         "hyperparameters": {"epochs": 3, "batch_size": 16, "micro_batches": 4, "learning_rate": 0.02}})
     record = result["gpipe"]
     assert record["num_stages"] == 2 and record["num_micro_batches"] == 4 and record["balance"] == [2, 2]
@@ -317,7 +317,7 @@ def test_trainer_gpipe_strategy_records_the_pipeline_and_serves(penguin_outputs,
 
 
 def test_params_balance_without_costs_is_refused_for_unbuilt_layers():
-    from components.errors import SpecError
+    from hpml.components.errors import SpecError
 
     pipe = PipelineModel(_layers(), num_stages=2, num_micro_batches=2, balance="params")
     with pytest.raises(SpecError, match="balance='params' needs layer_costs"):
@@ -386,7 +386,7 @@ def test_remat_recomputes_the_forward_inside_the_backward_micro_step(remat):
 
 @pytest.mark.parametrize("schedule_name, remat", [("gpipe", "never"), ("1f1b", "never"), ("1f1b", "always")])
 def test_each_stage_runs_its_micro_steps_in_schedule_order_in_the_graph(schedule_name, remat):
-    from components.trainer.gpipe.pipeline_model import micro_step_scope
+    from hpml.components.trainer.gpipe.pipeline_model import micro_step_scope
 
     _, pipe = _pair(2, 4, remat=remat, schedule_name=schedule_name)
     graph = _step_graph(pipe)
@@ -409,8 +409,8 @@ def test_each_stage_runs_its_micro_steps_in_schedule_order_in_the_graph(schedule
 def test_each_stage_executes_its_micro_steps_in_schedule_order(schedule_name, remat, tmp_path):
     """The profiler's trace of one executed step: every micro-step ran, each stage in schedule order,
     and the step's weights and optimizer state are left untouched by the tracing."""
-    from components.trainer.gpipe import trace
-    from components.trainer.gpipe.plot import plot_executed
+    from hpml.components.trainer.gpipe import trace
+    from hpml.components.trainer.gpipe.plot import plot_executed
 
     _, pipe = _pair(2, 4, remat=remat, schedule_name=schedule_name)
     x, y = _data(64)
@@ -427,7 +427,7 @@ def test_each_stage_executes_its_micro_steps_in_schedule_order(schedule_name, re
 
 
 def test_gradient_ops_of_a_taped_forward_belong_to_its_backward():
-    from components.trainer.gpipe.trace import micro_step_of
+    from hpml.components.trainer.gpipe.trace import micro_step_of
 
     assert micro_step_of("stage1_F3/dense/MatMul") == (1, "F", 3)
     assert micro_step_of("gradient_tape/stage1_F3/dense/MatMul/MatMul_1") == (1, "B", 3)

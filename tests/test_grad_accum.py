@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from components.trainer.grad_accum import GradientAccumulationModel, micro_batch_bounds
+from hpml.components.trainer.grad_accum import GradientAccumulationModel, micro_batch_bounds
 
 K, B = 4, 8
 

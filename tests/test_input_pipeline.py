@@ -11,11 +11,11 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from tensorflow_transform.tf_metadata import schema_utils
 
-from components import artifacts, input_pipeline
-from components.errors import InputDataError, SpecError
-from components.input_pipeline import Measurements, autotune_spec, build_dataset, naive_spec, stages, tune
-from components.input_pipeline.shards import explain_read_error
-from components.input_pipeline.stall import describe_stall, measure_input_stall
+from hpml.components import artifacts, input_pipeline
+from hpml.components.errors import InputDataError, SpecError
+from hpml.components.input_pipeline import Measurements, autotune_spec, build_dataset, naive_spec, stages, tune
+from hpml.components.input_pipeline.shards import explain_read_error
+from hpml.components.input_pipeline.stall import describe_stall, measure_input_stall
 
 GIB = 1024 ** 3
 SCHEMA = schema_utils.schema_from_feature_spec({
@@ -492,7 +492,7 @@ def test_a_stall_from_the_fixed_cost_of_a_short_step_says_so():
 
 
 def test_input_stall_is_in_the_run_record(penguin_dag_run):
-    from pipelines import records
+    from hpml.pipelines import records
 
     run = records.client().get_run(penguin_dag_run["mlflow_run_id"])
     assert 0.0 <= run.data.metrics["input_stall_fraction"] < 1.0
@@ -504,7 +504,7 @@ def test_input_stall_is_in_the_run_record(penguin_dag_run):
 def test_trainer_data_accessor_reads_what_tfxio_reads(penguin_outputs):
     from tfx_bsl.public import tfxio
 
-    from components.trainer.fn_args import make_data_accessor, tfxio_data_accessor
+    from hpml.components.trainer.fn_args import make_data_accessor, tfxio_data_accessor
 
     schema = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"]).transformed_metadata.schema
     pattern = [os.path.join(penguin_outputs["Transform"]["transformed_examples"], "Split-train", "*.gz")]
@@ -525,7 +525,7 @@ def test_trainer_data_accessor_reads_what_tfxio_reads(penguin_outputs):
     (_trailer_cut, "Trainer examples: shard.s. not as their writer left them"),  # named from its size, unread
 ], ids=["garbage", "cut"])
 def test_trainer_names_a_corrupt_transformed_shard(penguin_outputs, tmp_path, damage, named):
-    from components.trainer import TRAINER
+    from hpml.components.trainer import TRAINER
 
     examples = tmp_path / "examples"
     shutil.copytree(penguin_outputs["Transform"]["transformed_examples"], examples)
@@ -536,5 +536,5 @@ def test_trainer_names_a_corrupt_transformed_shard(penguin_outputs, tmp_path, da
               "input_pipeline": penguin_outputs["Transform"]["input_pipeline"]}
     outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
     with pytest.raises(InputDataError, match=f"{named}.*{victim.name}"):
-        TRAINER.run(inputs, outputs, {"module": "pipelines.penguin_module", "hyperparameters": {"epochs": 1}})
+        TRAINER.run(inputs, outputs, {"module": "hpml.examples.penguin.module", "hyperparameters": {"epochs": 1}})
     assert not os.path.exists(outputs["model"]), "a failed Trainer publishes nothing"

@@ -14,20 +14,19 @@ import jsonschema
 import pytest
 import yaml
 
-from components.errors import HpmlError, SpecError
-from components.trainer.launchers import kubernetes as k8s
-from components.trainer.launchers import vertex
-from components.trainer.launchers.cluster_job import ClusterJob
+from hpml.components.errors import HpmlError, SpecError
+from hpml.components.trainer.launchers import kubernetes as k8s
+from hpml.components.trainer.launchers import vertex
+from hpml.components.trainer.launchers.cluster_job import ClusterJob
 from tests.loopback_jobs import reply_json
 
-SHARED = Path(os.environ.get("HPML_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
+# The Training Operator's TFJob CRD, kept in the repository (Apache-2.0; infra/schemas/README.md says from where).
+TFJOB_CRD = Path(__file__).resolve().parents[1] / "infra" / "schemas" / "kubeflow.org_tfjobs.yaml"
 
 
 @pytest.fixture(scope="module")
 def tfjob_schema():
-    path = SHARED / "schemas" / "kubeflow.org_tfjobs.yaml"
-    assert path.exists(), f"the TFJob CRD is expected at {path} (set HPML_SHARED_DIR)"
-    crd = yaml.safe_load(path.read_text())
+    crd = yaml.safe_load(TFJOB_CRD.read_text())
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
@@ -45,7 +44,7 @@ def test_mwms_tfjob_is_valid_and_complete(tfjob_schema):
     container = replicas["Worker"]["template"]["spec"]["containers"][0]
     assert container["name"] == "tensorflow"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert container["command"] == ["python", "-m", "components.trainer.worker", "/mnt/hpml/job.json"]
+    assert container["command"] == ["python", "-m", "hpml.components.trainer.worker", "/mnt/hpml/job.json"]
     assert {"name": "TF_USE_LEGACY_KERAS", "value": "1"} in container["env"]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError", "wait() quotes the failed worker's log"
     assert manifest["metadata"] == {"name": "penguin-train", "namespace": "ml",
@@ -170,7 +169,7 @@ def test_the_outage_allowance_is_time_so_slow_failing_reads_do_not_multiply_it()
     meant a Vertex outage went unnoticed for 10 minutes or more. Counted in time, the wait ends alike."""
     from google.api_core import exceptions
 
-    from components.trainer.launchers.polling import poll
+    from hpml.components.trainer.launchers.polling import poll
 
     reads = []
 

@@ -1,16 +1,16 @@
 """Pipeline parameters: one JSON schema, readable errors, data paths confined to roots."""
 import pytest
 
-from components.errors import SpecError
-from components.example_gen import EXAMPLE_GEN
-from pipelines import params
-from pipelines.penguin import PIPELINE
+from hpml.components.errors import SpecError
+from hpml.components.example_gen import EXAMPLE_GEN
+from hpml.pipelines import params
+from hpml.examples.penguin.pipeline import PIPELINE
 
 SCHEMA = PIPELINE.params_schema
 
 
 def test_defaults_fill_in_and_validate(penguin_csv):
-    values = params.validate(SCHEMA, {"epochs": 2})
+    values = PIPELINE.validate({"epochs": 2})
     assert values["epochs"] == 2 and values["batch_size"] == 32 and values["strategy"] == "auto"
     assert values["data_path"] == penguin_csv
 
@@ -30,7 +30,7 @@ def test_defaults_fill_in_and_validate(penguin_csv):
 )
 def test_invalid_values_name_the_field(bad, message):
     with pytest.raises(SpecError) as err:
-        params.validate(SCHEMA, bad)
+        PIPELINE.validate(bad)
     assert message in str(err.value)
 
 
@@ -53,20 +53,20 @@ def test_values_that_cannot_work_together_are_refused_before_any_work(values, me
     """Each of these used to pass validation and fail in the Trainer, after ExampleGen and Transform
     (or, for too many micro-batches, to run with empty ones; remat without gpipe was silently ignored)."""
     with pytest.raises(SpecError) as err:
-        params.validate(SCHEMA, values)
+        PIPELINE.validate(values)
     assert message in str(err.value) and err.value.hint
 
 
 def test_a_nan_or_infinite_number_is_refused_in_every_pipeline_and_component():
     """NaN passes any range check, since it compares false with both bounds; an infinite temperature passed
     'must be > 0'. Both then ran ExampleGen and Transform before training diverged."""
-    from components.soft_targets import SOFT_TARGETS
-    from pipelines.distillation import PIPELINE as DISTILLATION
+    from hpml.components.soft_targets import SOFT_TARGETS
+    from hpml.examples.distillation.pipeline import PIPELINE as DISTILLATION
 
     with pytest.raises(SpecError, match="parameter 'temperature': nan is not a finite number"):
-        params.validate(DISTILLATION.params_schema, {"temperature": float("nan")})
+        DISTILLATION.validate({"temperature": float("nan")})
     with pytest.raises(SpecError, match="parameter 'alpha': nan is not a finite number"):
-        params.validate(DISTILLATION.params_schema, {"alpha": float("nan")})
+        DISTILLATION.validate({"alpha": float("nan")})
     with pytest.raises(SpecError, match="SoftTargets: parameter 'temperature' must be a finite number, got inf"):
         SOFT_TARGETS.resolve_params({"label_key": "species", "temperature": float("inf")})
     assert SOFT_TARGETS.resolve_params({"label_key": "species", "temperature": 2.5})["temperature"] == 2.5
@@ -86,8 +86,8 @@ def test_a_nan_or_infinite_number_is_refused_in_every_pipeline_and_component():
                                                     "string, got ''"),
 ])
 def test_names_and_lists_of_names_are_checked(spec_name, given, message):
-    from components.trainer import TRAINER
-    from components.transform import TRANSFORM
+    from hpml.components.trainer import TRAINER
+    from hpml.components.transform import TRANSFORM
 
     spec = {"TRANSFORM": TRANSFORM, "TRAINER": TRAINER, "EXAMPLE_GEN": EXAMPLE_GEN}[spec_name]
     base = {"input_path": "data.csv"} if spec is EXAMPLE_GEN else {"module": "m.py"}
@@ -99,31 +99,31 @@ def test_names_and_lists_of_names_are_checked(spec_name, given, message):
 
 def test_a_bool_is_not_a_number_parameter():
     """Python's True is an int, so num_workers=True used to train with one worker."""
-    from components.trainer import TRAINER
+    from hpml.components.trainer import TRAINER
 
     with pytest.raises(SpecError, match="Trainer: parameter 'num_workers' must be int, got bool True"):
         TRAINER.resolve_params({"module": "m.py", "num_workers": True})
     with pytest.raises(SpecError, match="SoftTargets: parameter 'temperature' must be int or float, got bool False"):
-        from components.soft_targets import SOFT_TARGETS
+        from hpml.components.soft_targets import SOFT_TARGETS
         SOFT_TARGETS.resolve_params({"label_key": "species", "temperature": False})
     assert TRAINER.resolve_params({"module": "m.py", "num_workers": 2})["num_workers"] == 2
 
 
 def test_parameter_servers_are_a_pipeline_parameter_that_reaches_the_trainer(penguin_csv):
-    values = params.validate(SCHEMA, {"num_ps": 1, "num_workers": 2})
+    values = PIPELINE.validate({"num_ps": 1, "num_workers": 2})
     trainer = PIPELINE.node("Trainer").params(values)
     assert (trainer["num_ps"], trainer["num_workers"], trainer["strategy"]) == (1, 2, "auto")
-    assert params.validate(SCHEMA, {})["num_ps"] == 0
+    assert PIPELINE.validate({})["num_ps"] == 0
     for fine in ({"strategy": "parameter_server", "num_ps": 1}, {"strategy": "gpipe"},
                  {"num_workers": 2, "strategy": "multi_worker_mirrored"}, {"gradient_accumulation_steps": 32},
                  {"strategy": "gpipe", "remat": "always"}, {"strategy": "mirrored", "remat": "except_last"}):
-        assert params.validate(SCHEMA, fine)["strategy"] == fine.get("strategy", "auto")
+        assert PIPELINE.validate(fine)["strategy"] == fine.get("strategy", "auto")
 
 
 def test_data_path_outside_roots_is_refused(monkeypatch):
     monkeypatch.setenv("HPML_DATA_ROOTS", "")
     with pytest.raises(SpecError, match="outside the allowed data roots") as err:
-        params.validate(SCHEMA, {"data_path": "/etc/passwd"})
+        PIPELINE.validate({"data_path": "/etc/passwd"})
     assert "HPML_DATA_ROOTS" in err.value.hint
 
 
@@ -133,7 +133,7 @@ def test_symlink_escape_is_refused(tmp_path, monkeypatch):
     (root / "link.csv").symlink_to("/etc/hostname")
     monkeypatch.setenv("HPML_DATA_ROOTS", str(root))
     with pytest.raises(SpecError, match="outside the allowed data roots"):
-        params.validate(SCHEMA, {"data_path": str(root / "link.csv")})
+        PIPELINE.validate({"data_path": str(root / "link.csv")})
 
 
 def test_cli_values_are_typed():
@@ -148,18 +148,19 @@ def test_cli_values_are_typed():
 
 
 def test_a_misspelt_name_is_answered_with_the_closest_known_one():
-    from pipelines import registry
+    from hpml.pipelines import discovery
 
     with pytest.raises(SpecError) as err:
         params.parse_cli_value(SCHEMA, "epoch", "3")
     assert err.value.hint.startswith("did you mean 'epochs'? known parameters: batch_size, ")
     # From an Airflow conf or a TFX caller: before, jsonschema's "Additional properties are not allowed".
     with pytest.raises(SpecError, match=r"^unknown parameter 'batch_sise'$") as err:
-        params.validate(SCHEMA, {"batch_sise": 3})
+        PIPELINE.validate({"batch_sise": 3})
     assert err.value.hint.startswith("did you mean 'batch_size'? ")
     with pytest.raises(SpecError, match=r"^unknown pipeline 'pengiun'$") as err:
-        registry.check("pengiun")
-    assert err.value.hint == "did you mean 'penguin'? known pipelines: distillation, penguin"
+        discovery.check("pengiun")
+    assert err.value.hint.startswith("did you mean 'penguin'? known pipelines: distillation, penguin; or name a "
+                                     "project folder (hpml init pengiun --csv FILE --label COLUMN writes one)")
     with pytest.raises(SpecError, match=r"ExampleGen: unknown parameter\(s\) skip_bad_row$") as err:
         EXAMPLE_GEN.resolve_params({"input_path": "x", "skip_bad_row": True})
     assert err.value.hint.startswith("did you mean 'skip_bad_rows'? known parameters: ")

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from components.errors import SpecError
-from components.trainer.plan import GiB, ClusterInfo, DeviceInventory, ModelMemory, decide
+from hpml.components.errors import SpecError
+from hpml.components.trainer.plan import GiB, ClusterInfo, DeviceInventory, ModelMemory, decide
 
 SMALL = ModelMemory(params=1_000_000)          # 16 MB with Adam state
 HUGE = ModelMemory(params=5_000_000_000)       # 80 GB with Adam state

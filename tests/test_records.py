@@ -5,12 +5,14 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-from components.errors import HpmlError
-from pipelines import records
-from pipelines.paths import PROJECT_ROOT
+from hpml.components.errors import HpmlError
+from hpml.pipelines import records
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_trainer_properties_become_run_record_fields(tmp_path):
@@ -49,8 +51,8 @@ def test_empty_input_columns_reach_the_run_record_summary_and_report():
     """ExampleGen's empty_columns: a run that goes on without such a column still says so where people look."""
     from rich.console import Console
 
-    from pipelines import report
-    from pipelines.summary import print_summary
+    from hpml.pipelines import report
+    from hpml.pipelines.summary import print_summary
 
     run_id = records.start("record_test", "run-empty", {"epochs": 1}, {})
     properties = {"split_counts": {"train": 20, "eval": 10}, "bad_rows": 0, "input_files": 1,
@@ -74,8 +76,8 @@ def test_constant_features_reach_the_run_record_summary_and_report():
     """Transform's constant_features: the model learns nothing from them, and the run says so where people look."""
     from rich.console import Console
 
-    from pipelines import report
-    from pipelines.summary import print_summary
+    from hpml.pipelines import report
+    from hpml.pipelines.summary import print_summary
 
     run_id = records.start("record_test", "run-constant", {"epochs": 1}, {})
     records.log_node(run_id, "ExampleGen", {}, {"split_counts": {"train": 20, "eval": 10}}, seconds=1.0)
@@ -91,7 +93,7 @@ def test_constant_features_reach_the_run_record_summary_and_report():
 
 
 def test_a_failed_node_records_the_error_and_the_epochs_that_finished():
-    from pipelines import report
+    from hpml.pipelines import report
 
     run_id = records.start("record_test", "run-failed", {"epochs": 3}, {})
     error = RuntimeError("training diverged: loss is nan")
@@ -139,7 +141,7 @@ def test_find_matches_a_tag_value_with_quotes_exactly():
 
 
 _TELEMETRY = """
-from pipelines import records
+from hpml.pipelines import records
 records.start("telemetry_test", "run-1", {}, {})
 from mlflow.telemetry.utils import is_telemetry_disabled
 print("telemetry disabled:", is_telemetry_disabled())
@@ -163,7 +165,8 @@ def test_a_run_record_starts_no_mlflow_telemetry(tmp_path):
 _FIRST_RUN = """
 import pathlib, sys, time
 import mlflow.tracking  # imported first, so that the processes reach each store together
-from pipelines import airflow_local, records
+from hpml.pipelines import records
+from hpml.pipelines.airflow import local as airflow_local
 folder, me = pathlib.Path(sys.argv[1]), sys.argv[2]
 
 def together(step):  # wait here until the test says go: every process then starts `step` at once
@@ -207,9 +210,9 @@ def test_a_node_tried_again_after_failing_reopens_the_record_and_the_report_says
     """A retried (or cleared) Airflow task runs its node again in the same run. The record stayed FAILED, with
     the old error, through the new try and after it succeeded, so the final report said "Status FINISHED"
     and "Failed in ExampleGen" on one page."""
-    from components.example_gen import EXAMPLE_GEN
-    from pipelines import runner
-    from pipelines.definition import Node, Pipeline
+    from hpml.components.example_gen import EXAMPLE_GEN
+    from hpml.pipelines import runner
+    from hpml.pipelines.dsl import Node, Pipeline
     from tests.helpers import write_csv
 
     header = "species,island,bill_length_mm,year"

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.errors import HpmlError, SpecError
-from components.trainer import TRAINER
+from hpml.components.errors import HpmlError, SpecError
+from hpml.components.trainer import TRAINER
 from tests.k8s_standin import TrainingOperatorStandIn
 from tests.helpers import trainer_inputs, trainer_outputs
 from tests.test_launchers import tfjob_schema  # noqa: F401 - the CRD schema fixture
@@ -34,7 +34,7 @@ def operator(tmp_path, monkeypatch):
 
 
 def _params(**extra):
-    return dict({"module": "pipelines.penguin_module", "launcher": "kubernetes", "num_workers": 2,
+    return dict({"module": "hpml.examples.penguin.module", "launcher": "kubernetes", "num_workers": 2,
                  "hyperparameters": {"epochs": 2, "batch_size": 16},
                  "cluster": {"image": IMAGE, "namespace": "ml", "poll_seconds": 0.2}}, **extra)
 
@@ -49,7 +49,7 @@ def test_trainer_runs_multi_worker_training_as_a_tfjob(penguin_outputs, operator
     (job,) = operator.jobs.values()
     jsonschema.validate(job["manifest"], tfjob_schema)
     container = job["manifest"]["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]
-    assert container["image"] == IMAGE and container["command"][:3] == ["python", "-m", "components.trainer.worker"]
+    assert container["image"] == IMAGE and container["command"][:3] == ["python", "-m", "hpml.components.trainer.worker"]
     assert sorted(job["cluster"]) == ["chief", "worker"], "the replicas formed the cluster the manifest asked for"
     assert job["manifest"]["spec"]["runPolicy"]["activeDeadlineSeconds"] == 86400, "the operator's own backstop"
     assert [row["epoch"] for row in props["history"]] == [1, 2]
@@ -99,8 +99,8 @@ BAD_INPUT = textwrap.dedent('''
     import os, time
 
     def run_fn(fn_args):
-        from components.errors import InputDataError
-        from components.trainer.strategies import is_chief
+        from hpml.components.errors import InputDataError
+        from hpml.components.trainer.strategies import is_chief
         if not is_chief():
             time.sleep(300)
         with open(os.path.join(fn_args.working_dir, "attempts"), "a") as handle:
@@ -116,7 +116,7 @@ def test_bad_input_on_a_tfjob_stops_the_job_instead_of_restarting_it(penguin_out
     module.write_text(BAD_INPUT)
     out = trainer_outputs(tmp_path, "bad_input")
     with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+: pod hpml-trainer-\w+-\w+-chief-0 exited "
-                                        r"with code 2: components.errors.InputDataError: data.csv:7: row 7 is bad "
+                                        r"with code 2: hpml\.components\.errors.InputDataError: data.csv:7: row 7 is bad "
                                         r"hint: fix row 7; bad input or parameters, so the job is stopped, not "
                                         r"restarted") as err:
         TRAINER.run(trainer_inputs(penguin_outputs), out, _params(module=str(module), max_restarts=2))
@@ -150,8 +150,8 @@ def test_remote_settings_are_checked_before_anything_is_submitted(penguin_output
 def test_penguin_pipeline_trains_on_the_cluster_the_deployment_configures(airflow_db, operator, tmp_path, monkeypatch):
     import json
 
-    from pipelines import records, runner
-    from pipelines.penguin import PIPELINE
+    from hpml.pipelines import records, runner
+    from hpml.examples.penguin.pipeline import PIPELINE
 
     config = tmp_path / "cluster.json"
     config.write_text(json.dumps({"image": IMAGE, "namespace": "ml", "poll_seconds": 0.2}))
@@ -218,7 +218,7 @@ def _sigterm_a_training_trainer(penguin_outputs, tmp_path, params, jobs: dict) -
                        dict(params, module=str(module))])
     # SIGUSR1 makes the Trainer print every thread's stack: if it ever outlives the SIGTERM, the failure says where.
     script = ("import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
-              f"import json; from components.trainer import TRAINER; TRAINER.run(*json.loads({args!r}))")
+              f"import json; from hpml.components.trainer import TRAINER; TRAINER.run(*json.loads({args!r}))")
     with open(tmp_path / "trainer.err", "w") as stderr:
         trainer = subprocess.Popen([sys.executable, "-c", script], stderr=stderr)
     deadline = time.monotonic() + 120

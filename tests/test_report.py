@@ -10,7 +10,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def report(penguin_dag_run):
-    from pipelines import records
+    from hpml.pipelines import records
 
     path = records.load(penguin_dag_run["mlflow_run_id"]).tags["hpml.report"]
     folder = os.path.dirname(path)
@@ -21,16 +21,16 @@ def report(penguin_dag_run):
 def test_the_dag_run_wrote_its_report_under_the_run_dir(report):
     summary = report["run"]["summary"]
     assert report["path"] == os.path.join(summary.tags["hpml.run_dir"], "report", "report.html")
-    for name in ("curves.png", "throughput.png", "durations.png", "input_stages.png"):
+    for name in ("curves.png", "throughput.png", "durations.png", "input_stages.png", "confusion.png"):
         raw = open(os.path.join(report["folder"], name), "rb").read()
         assert raw.startswith(PNG) and len(raw) > 5000, name
     # Self-contained: every plot is embedded, nothing is linked.
-    assert len(re.findall(r'src="data:image/png;base64,', report["html"])) == 4
+    assert len(re.findall(r'src="data:image/png;base64,', report["html"])) == 5
     assert "<img" in report["html"] and 'src="http' not in report["html"]
 
 
 def test_plotted_curves_are_the_recorded_metrics(report):
-    from pipelines import records
+    from hpml.pipelines import records
 
     run_id = report["run"]["mlflow_run_id"]
     series = report["data"]["series"]
@@ -48,8 +48,53 @@ def test_report_shows_params_plan_input_pipeline_and_durations(report):
     assert "Component durations" in page and "ExampleGen" in report["data"]["durations"]
 
 
+def test_a_classifier_report_has_per_class_metrics_and_a_confusion_matrix(report):
+    """Counted from the model's own predictions on the eval split: every eval example lands in one cell, and
+    recall is each row's diagonal share."""
+    classification = report["data"]["classification"]
+    summary = report["run"]["summary"]
+    assert classification["classes"] == ["Adelie", "Gentoo", "Chinstrap"] or \
+        sorted(classification["classes"]) == ["Adelie", "Chinstrap", "Gentoo"]
+    matrix = classification["confusion_matrix"]
+    assert sum(map(sum, matrix)) == classification["examples"] == summary.examples["eval"]
+    for i, row in enumerate(classification["per_class"]):
+        assert row["support"] == sum(matrix[i])
+        assert row["recall"] == pytest.approx(matrix[i][i] / sum(matrix[i]))
+    correct = sum(matrix[i][i] for i in range(len(matrix)))
+    assert correct / classification["examples"] == pytest.approx(summary.eval_metrics["accuracy"], abs=1e-6)
+    page = report["html"]
+    assert "<h2>Per class</h2>" in page and "<th>precision</th>" in page and 'alt="confusion matrix"' in page
+
+
+def test_report_says_how_to_open_the_run_in_mlflow_and_tensorboard(report):
+    from hpml.pipelines import records
+
+    summary, page = report["run"]["summary"], report["html"]
+    experiment = records.client().get_run(summary.mlflow_run_id).info.experiment_id
+    assert f"mlflow ui --backend-store-uri &#x27;{records.tracking_uri()}&#x27;" in page
+    assert f"/#/experiments/{experiment}/runs/{summary.mlflow_run_id}" in page
+    assert f"tensorboard --logdir &#x27;{summary.outputs['Trainer']['model_run']}&#x27;" in page
+
+
+def test_epoch_axes_have_whole_number_ticks(tmp_path):
+    """Three epochs plotted: matplotlib's default would tick 0.5, 1.0, 1.5, ..."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from hpml.pipelines import report as report_mod
+
+    plt = report_mod._plt()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1, 2], [1.0, 0.5, 0.2])
+    report_mod._epoch_axis(ax)
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if 0 <= t <= 2]
+    plt.close(fig)
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
 def test_report_is_logged_to_mlflow(report):
-    from pipelines import records
+    from hpml.pipelines import records
 
     logged = {a.path for a in records.client().list_artifacts(report["run"]["mlflow_run_id"], "report")}
     assert {"report/report.html", "report/curves.png", "report/report.json"} <= logged
@@ -58,7 +103,7 @@ def test_report_is_logged_to_mlflow(report):
 def test_progress_mode_follows_the_terminal(monkeypatch):
     import io
 
-    from components.trainer.callbacks import progress_mode
+    from hpml.components.trainer.callbacks import progress_mode
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -80,7 +125,7 @@ def test_terminal_progress_bar_counts_every_step_with_an_eta():
     import tf_keras
     from rich.console import Console
 
-    from components.trainer.callbacks import TerminalProgress
+    from hpml.components.trainer.callbacks import TerminalProgress
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120)
@@ -105,8 +150,8 @@ def test_log_lines_print_above_the_bar_and_a_failed_fit_leaves_no_bar_behind():
     import tf_keras
     from rich.console import Console
 
-    from components.trainer import callbacks
-    from components.trainer.executor import _run_in_process
+    from hpml.components.trainer import callbacks
+    from hpml.components.trainer.executor import _run_in_process
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120)

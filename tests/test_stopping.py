@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from components.trainer.launchers.polling import poll
-from components.trainer.launchers.stopping import Stopped, raise_if_stopped, sigterm_raises
+from hpml.components.trainer.launchers.polling import poll
+from hpml.components.trainer.launchers.stopping import Stopped, raise_if_stopped, sigterm_raises
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from components.trainer.callbacks import standard_callbacks
+from hpml.components.trainer.callbacks import standard_callbacks
 
 EPOCHS = 3
 

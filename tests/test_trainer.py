@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.errors import SpecError
-from components.trainer import TRAINER
+from hpml.components.errors import SpecError
+from hpml.components.trainer import TRAINER
 from tests.helpers import trainer_inputs
 
 TFX_STYLE_MODULE = textwrap.dedent('''
@@ -110,7 +110,7 @@ def test_missing_split_is_refused(penguin_outputs, tmp_path):
     outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
     with pytest.raises(SpecError, match="Split-test does not exist"):
         TRAINER.run(trainer_inputs(penguin_outputs), outputs,
-                    {"module": "pipelines.penguin_module", "eval_splits": ["test"]})
+                    {"module": "hpml.examples.penguin.module", "eval_splits": ["test"]})
 
 
 def test_serving_model_takes_raw_examples(penguin_dag_run, penguin_outputs):
@@ -131,9 +131,9 @@ def test_serving_model_takes_raw_examples(penguin_dag_run, penguin_outputs):
 def test_penguin_module_refuses_a_label_with_one_class(tmp_path, penguin_csv):
     """Data holding one species used to train "successfully" to loss 0 while Keras scored accuracy 0
     (binary accuracy on a one-unit output): the module now refuses it, naming the label and class."""
-    from components.errors import InputDataError
-    from pipelines import runner
-    from pipelines.penguin import PIPELINE
+    from hpml.components.errors import InputDataError
+    from hpml.pipelines import runner
+    from hpml.examples.penguin.pipeline import PIPELINE
     from tests.helpers import write_csv
 
     header, *rows = open(penguin_csv, encoding="utf-8").read().splitlines()

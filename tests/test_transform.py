@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from components.errors import InputDataError, SpecError
-from components.transform import TRANSFORM
-from components import input_pipeline
+from hpml.components.errors import InputDataError, SpecError
+from hpml.components.transform import TRANSFORM
+from hpml.components import input_pipeline
 
 
 def test_transform_graph_layout(penguin_outputs):
@@ -62,7 +62,7 @@ def test_missing_feature_fails_before_any_beam_work(penguin_outputs, tmp_path):
               "schema": penguin_outputs["ExampleGen"]["schema"]}
     outputs = {k: str(tmp_path / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
     with pytest.raises(InputDataError, match=r"schema.pbtxt: feature 'beak_colour' is not in the schema"):
-        TRANSFORM.run(inputs, outputs, {"module": "pipelines.penguin_module", "required_features": ["beak_colour"]})
+        TRANSFORM.run(inputs, outputs, {"module": "hpml.examples.penguin.module", "required_features": ["beak_colour"]})
     assert os.listdir(tmp_path) == []
 
 
@@ -76,13 +76,13 @@ def test_examples_cut_short_after_publishing_are_refused_before_any_beam_work(pe
     outputs = {k: str(tmp_path / "out" / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
     with pytest.raises(InputDataError, match=f"Examples split eval: shard.s. not as their writer left them: "
                                              f"{victim}: {len(whole) - 4} bytes, but .* records {len(whole)}"):
-        TRANSFORM.run(inputs, outputs, {"module": "pipelines.penguin_module"})
+        TRANSFORM.run(inputs, outputs, {"module": "hpml.examples.penguin.module"})
     assert not (tmp_path / "out").exists(), "refused before any output was begun"
 
 
 def test_a_required_feature_whose_column_is_empty_is_named_as_such(tmp_path, penguin_csv):
     """The column is in the CSV but holds no value in any row: say that, not "not in the schema"."""
-    from components.example_gen import EXAMPLE_GEN
+    from hpml.components.example_gen import EXAMPLE_GEN
 
     lines = open(penguin_csv, encoding="utf-8").read().splitlines()
     sex = lines[0].split(",").index("sex")
@@ -93,14 +93,14 @@ def test_a_required_feature_whose_column_is_empty_is_named_as_such(tmp_path, pen
     EXAMPLE_GEN.run({}, gen, {"input_path": str(data)})
     outputs = {k: str(tmp_path / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
     with pytest.raises(InputDataError, match=r"feature 'sex' is a column with no value in any row of the input$"):
-        TRANSFORM.run(gen, outputs, {"module": "pipelines.penguin_module", "required_features": ["species", "sex"]})
+        TRANSFORM.run(gen, outputs, {"module": "hpml.examples.penguin.module", "required_features": ["species", "sex"]})
     assert sorted(os.listdir(tmp_path)) == ["gen", "no_sex.csv"], "nothing written before the refusal"
 
 
 def test_features_left_with_one_value_are_named(tmp_path, penguin_csv, caplog):
     """One bill length of 3e38 overflows its column's statistics, and every z-score of it came out 0: the
     run trained on without the feature and said nothing. A constant column is named too."""
-    from components.example_gen import EXAMPLE_GEN
+    from hpml.components.example_gen import EXAMPLE_GEN
 
     lines = open(penguin_csv, encoding="utf-8").read().splitlines()
     header = lines[0].split(",")
@@ -115,7 +115,7 @@ def test_features_left_with_one_value_are_named(tmp_path, penguin_csv, caplog):
     gen = {k: str(tmp_path / "gen" / k) for k in ("examples", "schema")}
     EXAMPLE_GEN.run({}, gen, {"input_path": str(data)})
     outputs = {k: str(tmp_path / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
-    props = TRANSFORM.run(gen, outputs, {"module": "pipelines.penguin_module"})
+    props = TRANSFORM.run(gen, outputs, {"module": "hpml.examples.penguin.module"})
     assert props["constant_features"] == ["bill_length_mm", "body_mass_g"]
     assert "bill_length_mm, body_mass_g hold one value in every transformed train example" in caplog.text
     values = {name: set() for name in ("bill_length_mm", "bill_depth_mm")}

@@ -1,8 +1,8 @@
 """Loading a user's module file the way TFX's module_file does, and failing clearly when it is broken."""
 import pytest
 
-from components.errors import SpecError
-from components.user_module import load_function
+from hpml.components.errors import SpecError
+from hpml.components.user_module import load_function
 
 
 def test_a_broken_module_names_file_and_line_and_a_fixed_one_loads_in_the_same_process(tmp_path):

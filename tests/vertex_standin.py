@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 from pathlib import Path
 
-from components.trainer.launchers.local import free_ports
+from hpml.components.trainer.launchers.local import free_ports
 from tests.loopback_jobs import LoopbackJobService, Replica, reply_json
 
 _ROLES = ("chief", "worker", "ps")

@@ -1,4 +1,4 @@
 """Evaluator: every Model (and ensembles of them) scored on the same raw eval split, as one table."""
-from components.evaluator.spec import EVALUATOR
+from hpml.components.evaluator.spec import EVALUATOR
 
 __all__ = ["EVALUATOR"]

@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from components import artifacts
-from components.errors import InputDataError, SpecError
+from hpml.components import artifacts
+from hpml.components.errors import InputDataError, SpecError
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"

@@ -1,8 +1,8 @@
 """Evaluator's spec: raw Examples and a list of Models in; a ModelEvaluation (table + JSON) out."""
 from __future__ import annotations
 
-from components import artifacts
-from components.spec import ComponentSpec, Parameter, names
+from hpml.components import artifacts
+from hpml.components.spec import ComponentSpec, Parameter, names
 
 
 def _ensembles(value: dict) -> str | None:
@@ -28,5 +28,5 @@ EVALUATOR = ComponentSpec(
         "latency_batch": Parameter(int, 256, check=lambda n: None if n > 0 else "must be positive"),
         "latency_repeats": Parameter(int, 7, check=lambda n: None if n >= 1 else "must be >= 1"),
     },
-    executor="components.evaluator.executor:run",
+    executor="hpml.components.evaluator.executor:run",
 )

@@ -1,4 +1,4 @@
 """ExampleGen: raw CSV or TFRecord files become split, GZIP-compressed tf.Examples."""
-from components.example_gen.spec import EXAMPLE_GEN
+from hpml.components.example_gen.spec import EXAMPLE_GEN
 
 __all__ = ["EXAMPLE_GEN"]

@@ -7,10 +7,10 @@ from typing import Any, Mapping
 
 import apache_beam as beam
 
-from components import artifacts
-from components.beam_utils import counter_value, make_pipeline, run_pipeline
-from components.errors import InputDataError
-from components.example_gen import schema_inference, sources
+from hpml.components import artifacts
+from hpml.components.beam_utils import counter_value, make_pipeline, run_pipeline
+from hpml.components.errors import InputDataError
+from hpml.components.example_gen import schema_inference, sources
 
 
 def _bucket(key: bytes, total: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from components.errors import InputDataError
+from hpml.components.errors import InputDataError
 
 _KINDS = {"int64_list": schema_pb2.INT, "float_list": schema_pb2.FLOAT, "bytes_list": schema_pb2.BYTES}
 _KIND_NAMES = {schema_pb2.INT: "INT", schema_pb2.FLOAT: "FLOAT", schema_pb2.BYTES: "BYTES"}

@@ -13,9 +13,9 @@ from typing import Callable, Iterator, Sequence
 
 import apache_beam as beam
 
-from components.errors import InputDataError, op_error_message
-from components.example_gen.text_encoding import DEFAULT_ENCODING, is_utf8, label, python_codec
-from components.zlib_streams import stream_problem
+from hpml.components.errors import InputDataError, op_error_message
+from hpml.components.example_gen.text_encoding import DEFAULT_ENCODING, is_utf8, label, python_codec
+from hpml.components.zlib_streams import stream_problem
 
 NAMESPACE = "hpml.example_gen"
 log = logging.getLogger(NAMESPACE)

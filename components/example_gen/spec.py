@@ -1,9 +1,9 @@
 """ExampleGen's spec: raw files in, Examples and Schema out."""
 from __future__ import annotations
 
-from components import artifacts
-from components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding
-from components.spec import ComponentSpec, Parameter, names, non_empty
+from hpml.components import artifacts
+from hpml.components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding
+from hpml.components.spec import ComponentSpec, Parameter, names, non_empty
 
 
 def _check_splits(splits: dict) -> str | None:
@@ -45,5 +45,5 @@ EXAMPLE_GEN = ComponentSpec(
         "beam_pipeline_args": Parameter(list, [], help="passed to Beam unchanged (e.g. --runner=DataflowRunner); "
                                                         "without --runner, Beam's in-process FnApiRunner"),
     },
-    executor="components.example_gen.executor:run",
+    executor="hpml.components.example_gen.executor:run",
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from components.input_pipeline.spec import AUTOTUNE, InputPipelineSpec
+from hpml.components.input_pipeline.spec import AUTOTUNE, InputPipelineSpec
 
 
 def naive_spec(like: InputPipelineSpec) -> InputPipelineSpec:

@@ -11,10 +11,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from components.errors import InputDataError, SpecError
-from components.input_pipeline import cache as cache_keys
-from components.input_pipeline.shards import usable_shards
-from components.input_pipeline.spec import AUTOTUNE, InputPipelineSpec, schema_fingerprint
+from hpml.components.errors import InputDataError, SpecError
+from hpml.components.input_pipeline import cache as cache_keys
+from hpml.components.input_pipeline.shards import usable_shards
+from hpml.components.input_pipeline.spec import AUTOTUNE, InputPipelineSpec, schema_fingerprint
 
 
 def _ordered(calls, deterministic: bool):

@@ -12,10 +12,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from components import artifacts
-from components.errors import InputDataError, op_error_message
-from components.input_pipeline.measure import machine
-from components.zlib_streams import stream_problem
+from hpml.components import artifacts
+from hpml.components.errors import InputDataError, op_error_message
+from hpml.components.input_pipeline.measure import machine
+from hpml.components.zlib_streams import stream_problem
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from components.errors import SpecError
+from hpml.components.errors import SpecError
 
 SPEC_FILE = "input_pipeline.json"
 SPEC_VERSION = 2

@@ -39,7 +39,7 @@ def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmu
     count = int(batches.reduce(0, lambda n, _: n + 1))  # fills the in-memory cache
     if count < steps:
         raise ValueError(f"input stall needs {steps + warmup} batches, the dataset has {warmup + count}")
-    from components.trainer.model_state import restored_afterwards
+    from hpml.components.trainer.model_state import restored_afterwards
 
     strategy = model.distribute_strategy
     train_step = model.make_train_function()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from components.input_pipeline.measure import Measurements
-from components.input_pipeline.spec import InputPipelineSpec
+from hpml.components.input_pipeline.measure import Measurements
+from hpml.components.input_pipeline.spec import InputPipelineSpec
 
 MAX_PARALLELISM = 64
 MAX_SHUFFLE_BUFFER = 1_000_000

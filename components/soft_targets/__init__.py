@@ -1,4 +1,4 @@
 """SoftTargets: a Beam pass that runs frozen teachers once and caches their soft targets in the examples."""
-from components.soft_targets.spec import SOFT_TARGETS
+from hpml.components.soft_targets.spec import SOFT_TARGETS
 
 __all__ = ["SOFT_TARGETS"]

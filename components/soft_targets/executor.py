@@ -9,10 +9,10 @@ from typing import Any, Mapping
 
 import apache_beam as beam
 
-from components import artifacts
-from components.beam_utils import make_pipeline, run_pipeline
-from components.errors import SpecError
-from components.trainer.distill.mode import CACHE_FILE, SOFT_TARGETS_FEATURE, teacher_serving_dir
+from hpml.components import artifacts
+from hpml.components.beam_utils import make_pipeline, run_pipeline
+from hpml.components.errors import SpecError
+from hpml.components.trainer.distill.mode import CACHE_FILE, SOFT_TARGETS_FEATURE, teacher_serving_dir
 
 
 def _teacher_inputs(teacher, features: dict) -> dict:
@@ -36,7 +36,7 @@ class AddSoftTargets(beam.DoFn):
     def process(self, batch):
         import tensorflow as tf
 
-        from components.trainer.distill.loss import ensemble_soft_targets
+        from hpml.components.trainer.distill.loss import ensemble_soft_targets
 
         features = tf.io.parse_example(tf.constant(batch), self._feature_spec)
         features.pop(self._label_key, None)

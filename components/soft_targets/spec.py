@@ -1,8 +1,8 @@
 """SoftTargets' spec: transformed examples, TransformGraph and teacher Models in; examples with soft targets out."""
 from __future__ import annotations
 
-from components import artifacts
-from components.spec import ComponentSpec, Parameter
+from hpml.components import artifacts
+from hpml.components.spec import ComponentSpec, Parameter
 
 SOFT_TARGETS = ComponentSpec(
     name="SoftTargets",
@@ -18,5 +18,5 @@ SOFT_TARGETS = ComponentSpec(
                                 help="examples per teacher call"),
         "beam_pipeline_args": Parameter(list, []),
     },
-    executor="components.soft_targets.executor:run",
+    executor="hpml.components.soft_targets.executor:run",
 )

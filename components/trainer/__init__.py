@@ -1,4 +1,4 @@
 """Trainer: calls a user's run_fn(fn_args) with TFX's FnArgs fields."""
-from components.trainer.spec import TRAINER
+from hpml.components.trainer.spec import TRAINER
 
 __all__ = ["TRAINER"]

@@ -140,7 +140,7 @@ class StopOnDivergence(tf_keras.callbacks.Callback):
             self._last_loss = float(logs["loss"])
 
     def _check(self, logs, where: str, names) -> None:
-        from components.errors import TrainingDiverged
+        from hpml.components.errors import TrainingDiverged
 
         for name in names:
             value = (logs or {}).get(name)
@@ -386,7 +386,7 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
                        save_freq: int | str = "epoch", examples_per_epoch: int | None = None) -> list:
     """A divergence check, BackupAndRestore (under every strategy that supports it), TensorBoard, per-epoch
     metrics, progress. `examples_per_epoch`, where known, keeps a short last batch from inflating examples/s."""
-    from components.trainer.strategies import BACKUP_CAPABLE, is_chief
+    from hpml.components.trainer.strategies import BACKUP_CAPABLE, is_chief
 
     _warn_of_one_short_batch(batch_size, examples_per_epoch)
     every_step = is_chief() and strategy_name != "parameter_server"  # where batch-level callbacks run

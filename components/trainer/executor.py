@@ -9,22 +9,20 @@ import shutil
 from dataclasses import asdict
 from typing import Any, Mapping
 
-from components import artifacts
-from components.errors import SpecError
-from components.trainer import plan as plan_mod
-from components.trainer.callbacks import close_terminal_progress, read_metrics
-from components.trainer.distill import mode as distill_mode
-from components.input_pipeline import read_spec
-from components.input_pipeline.shards import explain_read_error
-from components.input_pipeline.stall import STALL_FILE
-from components.trainer.fn_args import FnArgs, input_pipeline_data_accessor, tfxio_data_accessor
-from components.trainer.launchers import remote
-from components.trainer.strategies import CLUSTER_STRATEGIES
-from components.user_module import load_function
+from hpml.components import artifacts
+from hpml.components.errors import SpecError
+from hpml.components.trainer import plan as plan_mod
+from hpml.components.trainer.callbacks import close_terminal_progress, read_metrics
+from hpml.components.trainer.distill import mode as distill_mode
+from hpml.components.input_pipeline import read_spec
+from hpml.components.input_pipeline.shards import explain_read_error
+from hpml.components.input_pipeline.stall import STALL_FILE
+from hpml.components.trainer.fn_args import FnArgs, input_pipeline_data_accessor, tfxio_data_accessor
+from hpml.components.trainer.launchers import remote
+from hpml.components.trainer.strategies import CLUSTER_STRATEGIES
+from hpml.components.user_module import load_function
 
 log = logging.getLogger("hpml.trainer")
-
-EVAL_METRICS_FILE = "eval_metrics.json"
 
 
 def working_dir_for(model_uri: str) -> str:
@@ -136,8 +134,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         with open(os.path.join(run_dir, "plan.json"), "w", encoding="utf-8") as handle:
             json.dump(plan.to_dict(), handle, indent=2)
         history = read_metrics(run_dir)
-        eval_metrics = _read_json(os.path.join(run_dir, EVAL_METRICS_FILE)) or {}
-        gpipe = _read_json(os.path.join(run_dir, "gpipe.json"))
+        eval_metrics = _read_json(os.path.join(run_dir, artifacts.EVAL_METRICS_FILE)) or {}
+        gpipe = _read_json(os.path.join(run_dir, artifacts.GPIPE_RECORD_FILE))
         input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
     shutil.rmtree(working_dir, ignore_errors=True)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
@@ -182,7 +180,7 @@ def _write_job(fn_args: FnArgs, params, plan) -> str:
 
 def _launch_remote(fn_args: FnArgs, params, plan, cluster: remote.RemoteCluster, model_uri: str) -> dict:
     """Run the workers as a TFJob or a Vertex AI CustomJob; they read the job file from shared storage."""
-    from components.trainer.launchers.cluster_job import ClusterJob
+    from hpml.components.trainer.launchers.cluster_job import ClusterJob
 
     job = ClusterJob(name=remote.job_name(model_uri), image=cluster.image, job_uri=_write_job(fn_args, params, plan),
                      strategy=plan.strategy, num_workers=params["num_workers"], num_ps=params["num_ps"],
@@ -194,7 +192,7 @@ def _launch_remote(fn_args: FnArgs, params, plan, cluster: remote.RemoteCluster,
 
 
 def _launch_local(fn_args: FnArgs, params, plan) -> dict:
-    from components.trainer.launchers.local import LocalLauncher
+    from hpml.components.trainer.launchers.local import LocalLauncher
 
     job_path = _write_job(fn_args, params, plan)
     launcher = LocalLauncher(params["num_workers"], params["num_ps"], params["max_restarts"])

@@ -6,13 +6,26 @@ names, a second signature returns them in column order.
 """
 from __future__ import annotations
 
+import json
+import os
+
 import tensorflow as tf
 
-from components.artifacts import CLASS_NAMES_SIGNATURE
+from hpml.components.artifacts import CLASS_NAMES_SIGNATURE, EVAL_METRICS_FILE
+
+
+def write_eval_metrics(model_run_dir: str, metrics: dict) -> None:
+    """Leave the eval split's metrics ({name: value}, e.g. model.evaluate(..., return_dict=True)) in the ModelRun,
+    where the Trainer records them in the run record and the report shows them."""
+    os.makedirs(model_run_dir, exist_ok=True)
+    with open(os.path.join(model_run_dir, EVAL_METRICS_FILE), "w", encoding="utf-8") as handle:
+        json.dump({name: float(value) for name, value in metrics.items()}, handle)
 
 
 def export_serving_model(model, tf_transform_output, serving_model_dir: str, label_key: str,
-                         class_names: list[str] | None = None) -> None:
+                         class_names: list[str] | None = None, regression: bool = False) -> None:
+    """Save `model` with the transform graph in front: a classifier's signature returns probabilities, class ids
+    and (with `class_names`) classes; a regressor's (`regression=True`) returns predictions."""
     model.tft_layer = tf_transform_output.transform_features_layer()
     raw_spec = tf_transform_output.raw_feature_spec()
     raw_spec.pop(label_key, None)
@@ -23,6 +36,8 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
         parsed = tf.io.parse_example(serialized, raw_spec)
         transformed = model.tft_layer(parsed)
         transformed.pop(label_key, None)
+        if regression:
+            return {"predictions": tf.reshape(model(transformed, training=False), [-1])}
         probabilities = model(transformed, training=False)
         outputs = {"probabilities": probabilities, "class_ids": tf.argmax(probabilities, axis=-1)}
         if class_names:

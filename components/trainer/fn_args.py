@@ -35,7 +35,7 @@ def input_pipeline_data_accessor(spec, skipped_shards: dict | None = None) -> Da
     TFX's TensorFlowDatasetOptions map onto `build_dataset`; record batches still come from
     TFXIO. Shards skipped as corrupt are added to `skipped_shards`.
     """
-    from components.input_pipeline import build_dataset
+    from hpml.components.input_pipeline import build_dataset
 
     def tf_dataset_factory(file_pattern, dataset_options, schema=None):
         if schema is None:
@@ -91,7 +91,7 @@ def make_data_accessor(input_pipeline_dir: str | None, skipped_shards: dict | No
     if not input_pipeline_dir:
         accessor = tfxio_data_accessor()
     else:
-        from components.input_pipeline import read_spec
+        from hpml.components.input_pipeline import read_spec
 
         accessor = input_pipeline_data_accessor(read_spec(input_pipeline_dir), skipped_shards)
     return distinct_worker_shuffles(accessor) if strategy == "parameter_server" else accessor

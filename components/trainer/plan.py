@@ -10,7 +10,7 @@ import os
 import subprocess
 from dataclasses import asdict, dataclass, field
 
-from components.errors import SpecError
+from hpml.components.errors import SpecError
 
 GiB = 1024 ** 3
 

@@ -1,9 +1,9 @@
 """Trainer's spec: transformed examples, TransformGraph and Schema in; Model and ModelRun out."""
 from __future__ import annotations
 
-from components import artifacts
-from components.spec import ComponentSpec, Parameter, names, non_empty
-from components.trainer.strategies import STRATEGIES
+from hpml.components import artifacts
+from hpml.components.spec import ComponentSpec, Parameter, names, non_empty
+from hpml.components.trainer.strategies import STRATEGIES
 
 
 def _save_freq(value):
@@ -62,6 +62,6 @@ TRAINER = ComponentSpec(
         "soft_targets": Parameter(str, "auto", choices=("auto", "precomputed", "on_the_fly"),
                                   help="auto: the SoftTargets cache when the examples carry one, else the teachers"),
     },
-    executor="components.trainer.executor:run",
+    executor="hpml.components.trainer.executor:run",
     checks=(_cluster_needs_a_remote_launcher,),
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from components.errors import SpecError
+from hpml.components.errors import SpecError
 
 STRATEGIES = (
     "auto", "one_device", "mirrored", "central_storage",

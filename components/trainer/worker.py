@@ -1,4 +1,4 @@
-"""Entry point of one Trainer process in a cluster: `python -m components.trainer.worker JOB.json`.
+"""Entry point of one Trainer process in a cluster: `python -m hpml.components.trainer.worker JOB.json`.
 
 Parameter servers (and workers under ParameterServerStrategy) serve until stopped; the
 chief/coordinator and MultiWorkerMirrored workers call the user's run_fn. Non-chief workers
@@ -25,7 +25,7 @@ def _serve(config: dict) -> None:
 def main(job_path: str) -> int:
     import logging
 
-    from components.trainer.launchers.stopping import die_with_launcher
+    from hpml.components.trainer.launchers.stopping import die_with_launcher
 
     die_with_launcher()  # first: TensorFlow's import alone takes seconds
 
@@ -44,11 +44,11 @@ def main(job_path: str) -> int:
         _serve(config)
         return 0
 
-    from components.trainer.fn_args import FnArgs, make_data_accessor
-    from components.trainer.strategies import is_chief, make_strategy
+    from hpml.components.trainer.fn_args import FnArgs, make_data_accessor
+    from hpml.components.trainer.strategies import is_chief, make_strategy
 
     make_strategy(job["strategy"])  # before any other TF op: collective ops are configured at startup
-    from components.user_module import load_function
+    from hpml.components.user_module import load_function
 
     fields = dict(job["fn_args"])
     if not is_chief():
@@ -65,7 +65,7 @@ def main(job_path: str) -> int:
 
 
 if __name__ == "__main__":
-    from components.errors import USER_ERROR_EXIT, InputDataError, SpecError, TrainingDiverged
+    from hpml.components.errors import USER_ERROR_EXIT, InputDataError, SpecError, TrainingDiverged
 
     try:
         sys.exit(main(sys.argv[1]))

@@ -1,4 +1,4 @@
 """Transform: full-pass preprocessing with tf.Transform, plus the input-pipeline spec."""
-from components.transform.spec import TRANSFORM
+from hpml.components.transform.spec import TRANSFORM
 
 __all__ = ["TRANSFORM"]

@@ -14,12 +14,12 @@ from typing import Any, Mapping
 import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from components import artifacts
-from components.beam_utils import make_pipeline, run_pipeline
-from components.errors import InputDataError, SpecError
-from components.example_gen.schema_inference import is_empty_column, read_schema
-from components.transform import tuning
-from components.user_module import failing_line, load_function
+from hpml.components import artifacts
+from hpml.components.beam_utils import make_pipeline, run_pipeline
+from hpml.components.errors import InputDataError, SpecError
+from hpml.components.example_gen.schema_inference import is_empty_column, read_schema
+from hpml.components.transform import tuning
+from hpml.components.user_module import failing_line, load_function
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Transform's spec: Examples and Schema in; TransformGraph, transformed examples, InputPipeline out."""
 from __future__ import annotations
 
-from components import artifacts
-from components.spec import ComponentSpec, Parameter, names, non_empty
+from hpml.components import artifacts
+from hpml.components.spec import ComponentSpec, Parameter, names, non_empty
 
 TRANSFORM = ComponentSpec(
     name="Transform",
@@ -30,5 +30,5 @@ TRANSFORM = ComponentSpec(
         "on_corrupt_shard": Parameter(str, "error", choices=("error", "skip"),
                                       help="fail on a corrupt shard, or skip and count it"),
     },
-    executor="components.transform.executor:run",
+    executor="hpml.components.transform.executor:run",
 )

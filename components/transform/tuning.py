@@ -11,10 +11,20 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
-from components import input_pipeline
-from components.input_pipeline import stages
+from hpml.components import input_pipeline
+from hpml.components.input_pipeline import stages
 
 log = logging.getLogger(__name__)
+
+
+SUMMARY_KNOBS = ("cache", "map_parallelism", "cycle_length", "shuffle_buffer", "prefetch")
+
+
+def summary_line(spec) -> str:
+    """One line of the decisions a user looks at first, e.g. 'cache=memory map_parallelism=2 prefetch=16'."""
+    chosen = {d["what"]: d["value"] for d in spec.decisions}
+    shown = " ".join(f"{knob}={chosen[knob]}" for knob in SUMMARY_KNOBS if knob in chosen)
+    return f"tuned {shown}" if shown else "not tuned (tune_input_pipeline is off)"
 
 
 def write_input_pipeline(file_pattern: str, schema, artifact_dir: str, params: Mapping[str, Any]) -> dict:
@@ -37,7 +47,8 @@ def write_input_pipeline(file_pattern: str, schema, artifact_dir: str, params: M
                                             shuffle=True, num_epochs=1, seed=0)
     breakdown = stages.write_breakdown(stages.profile_pipeline(one_pass), artifact_dir)
     for decision in spec.decisions:
-        log.info("input pipeline: %s = %s (%s)", decision["what"], decision["value"], decision["why"])
-    log.info("input pipeline: %s", breakdown["recommendation"])
+        log.debug("input pipeline: %s = %s (%s)", decision["what"], decision["value"], decision["why"])
+    log.debug("input pipeline: %s", breakdown["recommendation"])
+    log.info("input pipeline: %s (the run report gives the reason for each choice)", summary_line(spec))
     return {"decisions": {d["what"]: d["value"] for d in spec.decisions if not isinstance(d["value"], dict)},
             "recommendation": breakdown["recommendation"]}

@@ -18,8 +18,8 @@ def run_fn(fn_args):
     import tensorflow as tf
     import tf_keras
 
-    from components.trainer.callbacks import standard_callbacks
-    from components.trainer.strategies import is_chief, make_strategy
+    from hpml.components.trainer.callbacks import standard_callbacks
+    from hpml.components.trainer.strategies import is_chief, make_strategy
 
     hyperparameters = fn_args.hyperparameters or {}
     strategy_name = fn_args.custom_config["strategy"]

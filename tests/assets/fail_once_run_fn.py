@@ -2,7 +2,7 @@
 retry): for the Airflow retry test. The marker lives in the run-scoped working dir, which survives the retry."""
 import os
 
-from pipelines import penguin_module
+from hpml.examples.penguin import module as penguin_module
 
 
 def run_fn(fn_args):

@@ -30,7 +30,7 @@ def run_fn(fn_args):
     import tensorflow_transform as tft
     from tfx_bsl.public import tfxio
 
-    from components.trainer.strategies import make_strategy
+    from hpml.components.trainer.strategies import make_strategy
 
     strategy = make_strategy(fn_args.custom_config["strategy"])
     tf.random.set_seed(7)

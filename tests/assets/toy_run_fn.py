@@ -33,7 +33,7 @@ def run_fn(fn_args):
     import tensorflow as tf
     import tf_keras
 
-    from components.trainer.strategies import is_chief, make_strategy
+    from hpml.components.trainer.strategies import is_chief, make_strategy
 
     strategy = make_strategy(fn_args.custom_config["strategy"])
     tf.config.experimental.enable_op_determinism()
@@ -52,7 +52,7 @@ def run_fn(fn_args):
     callbacks = []
     hyperparameters = fn_args.hyperparameters or {}
     if "crash_once_after_epoch" in hyperparameters:
-        from components.trainer.callbacks import standard_callbacks
+        from hpml.components.trainer.callbacks import standard_callbacks
 
         callbacks = standard_callbacks(fn_args, fn_args.custom_config["strategy"], batch_size=32, epochs=EPOCHS)
         if hyperparameters["crash_once_after_epoch"]:

@@ -16,8 +16,8 @@ import tensorflow as tf  # noqa: E402
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
-from components.trainer import TRAINER  # noqa: E402
-from components.trainer.strategies import make_strategy  # noqa: E402
+from hpml.components.trainer import TRAINER  # noqa: E402
+from hpml.components.trainer.strategies import make_strategy  # noqa: E402
 
 examples, graph, schema, out_dir = sys.argv[1:5]
 results = {}
@@ -25,7 +25,7 @@ for strategy in ("mirrored", "central_storage"):
     props = TRAINER.run(
         {"examples": examples, "transform_graph": graph, "schema": schema},
         {"model": os.path.join(out_dir, strategy, "model"), "model_run": os.path.join(out_dir, strategy, "run")},
-        {"module": "pipelines.penguin_module", "strategy": strategy,
+        {"module": "hpml.examples.penguin.module", "strategy": strategy,
          "hyperparameters": {"epochs": 3, "batch_size": 16}})
     results[strategy] = {"replicas": make_strategy(strategy).num_replicas_in_sync,
                          "plan": props["plan"]["strategy"], "losses": [row["loss"] for row in props["history"]]}

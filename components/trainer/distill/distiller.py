@@ -11,8 +11,8 @@ import os
 import tensorflow as tf
 import tf_keras
 
-from components.errors import SpecError
-from components.trainer.distill.loss import distillation_loss, ensemble_soft_targets
+from hpml.components.errors import SpecError
+from hpml.components.trainer.distill.loss import distillation_loss, ensemble_soft_targets
 
 SOFT_TARGETS_KEY = "soft_targets"
 

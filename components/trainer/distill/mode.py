@@ -6,8 +6,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from components import artifacts
-from components.errors import SpecError
+from hpml.components import artifacts
+from hpml.components.errors import SpecError
 
 CONFIG_KEY = "distillation"
 CACHE_FILE = "soft_targets.json"  # written by SoftTargets beside the examples it augments
@@ -98,7 +98,7 @@ def schema_with_soft_targets(schema, config: DistillationConfig | None):
 def build_distiller(student, config: DistillationConfig, sample_features):
     """A Distiller around the run_fn's student (which outputs logits), refusing before training a
     teacher or a soft-target cache whose classes do not match the student's."""
-    from components.trainer.distill.distiller import SOFT_TARGETS_KEY, Distiller, check_teachers
+    from hpml.components.trainer.distill.distiller import SOFT_TARGETS_KEY, Distiller, check_teachers
 
     features = {k: v for k, v in sample_features.items() if k != SOFT_TARGETS_KEY} \
         if isinstance(sample_features, dict) else sample_features

@@ -1,7 +1,7 @@
 """Split a sequence of layer costs into K contiguous stages, minimising the largest stage cost."""
 from __future__ import annotations
 
-from components.errors import SpecError
+from hpml.components.errors import SpecError
 
 
 def block_partition(costs: list[float], k: int) -> list[list[int]]:

@@ -24,8 +24,8 @@ import collections
 import tensorflow as tf
 import tf_keras
 
-from components.errors import SpecError
-from components.trainer.gpipe import partition, schedule
+from hpml.components.errors import SpecError
+from hpml.components.trainer.gpipe import partition, schedule
 
 REMAT_MODES = ("always", "except_last", "never")
 

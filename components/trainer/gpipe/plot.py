@@ -9,7 +9,7 @@ def plot_gantt(order, forward_costs, path: str, title: str, unit: str = "ms") ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from components.trainer.gpipe import schedule
+    from hpml.components.trainer.gpipe import schedule
 
     timeline = schedule.simulate(order, forward_cost=forward_costs)
     fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(order)))
@@ -34,7 +34,7 @@ def plot_executed(events, num_stages: int, path: str, title: str) -> float:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from components.trainer.gpipe import trace
+    from hpml.components.trainer.gpipe import trace
 
     bubble = trace.measured_bubble(events, num_stages)
     fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * num_stages))

@@ -37,6 +37,6 @@ def stage_costs(costs: list[float], stages: list[list[int]]) -> list[float]:
 
 def measured_bubble(order, forward_costs: list[float]) -> float:
     """The idle fraction of the schedule when each stage takes its measured time (backward = 2x)."""
-    from components.trainer.gpipe import schedule
+    from hpml.components.trainer.gpipe import schedule
 
     return schedule.simulate(order, forward_cost=forward_costs).bubble

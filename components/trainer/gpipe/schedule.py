@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.errors import SpecError
+from hpml.components.errors import SpecError
 
 
 def gpipe(num_stages: int, num_micro: int) -> list[list[tuple[str, int]]]:

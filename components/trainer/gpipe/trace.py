@@ -41,7 +41,7 @@ def micro_step_of(op_name: str) -> tuple[int, str, int] | None:
 def trace_train_step(model, x, y, logdir: str | None = None) -> list[OpEvent]:
     """Profile one `train_on_batch` (after a warm-up call that traces it) and return its op events.
     The model's weights and optimizer state are left as they were."""
-    from components.trainer.model_state import restored_afterwards
+    from hpml.components.trainer.model_state import restored_afterwards
 
     with restored_afterwards(model):
         return _profile(model, x, y, logdir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from components.errors import SpecError
+from hpml.components.errors import SpecError
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -36,7 +36,7 @@ class ClusterJob:
 
     @property
     def command(self) -> list[str]:
-        return ["python", "-m", "components.trainer.worker", self.job_uri]
+        return ["python", "-m", "hpml.components.trainer.worker", self.job_uri]
 
     def roles(self) -> dict[str, int]:
         """Replica counts: a chief (the coordinator under PS), workers, parameter servers."""

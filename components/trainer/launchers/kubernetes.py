@@ -20,15 +20,15 @@ from pathlib import Path
 
 import yaml
 
-from components.errors import USER_ERROR_EXIT, HpmlError
-from components.trainer.launchers.cluster_job import ClusterJob
-from components.trainer.launchers.exits import error_summary
-from components.trainer.launchers.polling import MAX_OUTAGE_S, poll
-from components.trainer.launchers.stopping import wait_or_stop_job
+from hpml.components.errors import USER_ERROR_EXIT, HpmlError
+from hpml.components.trainer.launchers.cluster_job import ClusterJob
+from hpml.components.trainer.launchers.exits import error_summary
+from hpml.components.trainer.launchers.polling import MAX_OUTAGE_S, poll
+from hpml.components.trainer.launchers.stopping import wait_or_stop_job
 
 log = logging.getLogger("hpml.launcher.kubernetes")
 
-TEMPLATE = Path(__file__).resolve().parents[3] / "infra" / "tfjob.yaml"
+TEMPLATE = Path(__file__).resolve().with_name("tfjob.yaml")  # package data, beside this module
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 _REPLICA_NAMES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
 REQUEST_TIMEOUT_S = 60  # an API server that stops answering must not hang the Trainer task
@@ -36,7 +36,7 @@ JOB_LABEL = "training.kubeflow.org/job-name"  # the operator puts it on every po
 
 
 def render(job: ClusterJob, namespace: str = "default", deadline_s: float | None = None) -> dict:
-    """The TFJob manifest for `job`, from infra/tfjob.yaml. With `deadline_s` (the Trainer's wait) the
+    """The TFJob manifest for `job`, from tfjob.yaml (beside this module). With `deadline_s` (the Trainer's wait) the
     operator ends the job itself once it has been active that long, so a Trainer killed before it could
     delete the job (SIGKILL, a lost node) does not leave it holding its pods."""
     manifest = yaml.safe_load(TEMPLATE.read_text(encoding="utf-8"))

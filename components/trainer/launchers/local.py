@@ -23,10 +23,10 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from components.errors import USER_ERROR_EXIT, HpmlError
-from components.trainer.callbacks import read_progress
-from components.trainer.launchers.exits import error_summary
-from components.trainer.launchers.stopping import LAUNCHER_PID_ENV, raise_if_stopped, sigterm_raises
+from hpml.components.errors import USER_ERROR_EXIT, HpmlError
+from hpml.components.trainer.callbacks import read_progress
+from hpml.components.trainer.launchers.exits import error_summary
+from hpml.components.trainer.launchers.stopping import LAUNCHER_PID_ENV, raise_if_stopped, sigterm_raises
 
 log = logging.getLogger("hpml.launcher")
 
@@ -141,7 +141,7 @@ def _same_every_time(failures: list[str]) -> str:
 
 
 class LocalLauncher:
-    """Runs `python -m components.trainer.worker JOB` once per cluster task."""
+    """Runs `python -m hpml.components.trainer.worker JOB` once per cluster task."""
 
     def __init__(self, num_workers: int, num_ps: int = 0, max_restarts: int = 2, echo=None):
         if num_workers < 1 or num_ps < 0 or max_restarts < 0:
@@ -216,7 +216,7 @@ class LocalLauncher:
                     env = dict(os.environ, TF_CONFIG=json.dumps(
                         {"cluster": spec, "task": {"type": role, "index": index}}), PYTHONUNBUFFERED="1",
                         **{LAUNCHER_PID_ENV: str(os.getpid())})
-                    argv = [sys.executable, "-m", "components.trainer.worker", job_path]
+                    argv = [sys.executable, "-m", "hpml.components.trainer.worker", job_path]
                     self.processes.append(_Process(f"{role}-{index}", argv, env, self._echo))
         pids_path = os.path.join(os.path.dirname(job_path), "pids.json")
         self._write_pids(pids_path)

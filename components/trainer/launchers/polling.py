@@ -12,8 +12,8 @@ import logging
 import time
 from typing import Callable, Iterator, TypeVar
 
-from components.errors import HpmlError
-from components.trainer.launchers.stopping import raise_if_stopped
+from hpml.components.errors import HpmlError
+from hpml.components.trainer.launchers.stopping import raise_if_stopped
 
 log = logging.getLogger("hpml.launcher")
 T = TypeVar("T")

@@ -15,10 +15,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from components.errors import SpecError
-from components.trainer.launchers import vertex
-from components.trainer.launchers.cluster_job import ClusterJob
-from components.trainer.strategies import CLUSTER_STRATEGIES
+from hpml.components.errors import SpecError
+from hpml.components.trainer.launchers import vertex
+from hpml.components.trainer.launchers.cluster_job import ClusterJob
+from hpml.components.trainer.strategies import CLUSTER_STRATEGIES
 
 log = logging.getLogger("hpml.launcher.remote")
 
@@ -105,7 +105,7 @@ def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob) -> dict:
     """Submit the job and wait for it; returns what the run record keeps. Raises if it fails."""
     started = time.monotonic()
     if launcher == "kubernetes":
-        from components.trainer.launchers import kubernetes as k8s
+        from hpml.components.trainer.launchers import kubernetes as k8s
 
         api = kubernetes_api_client(cluster.kube_context)
         manifest = k8s.render(job, cluster.namespace, deadline_s=cluster.timeout_seconds)

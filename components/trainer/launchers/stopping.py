@@ -17,7 +17,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
-from components.errors import HpmlError
+from hpml.components.errors import HpmlError
 
 log = logging.getLogger("hpml.launcher")
 T = TypeVar("T")

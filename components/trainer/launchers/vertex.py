@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 import math
 
-from components.errors import HpmlError
-from components.trainer.launchers.cluster_job import ClusterJob
-from components.trainer.launchers.polling import MAX_OUTAGE_S, poll
-from components.trainer.launchers.stopping import wait_or_stop_job
+from hpml.components.errors import HpmlError
+from hpml.components.trainer.launchers.cluster_job import ClusterJob
+from hpml.components.trainer.launchers.polling import MAX_OUTAGE_S, poll
+from hpml.components.trainer.launchers.stopping import wait_or_stop_job
 
 log = logging.getLogger("hpml.launcher.vertex")
 

@@ -12,10 +12,10 @@ from datetime import datetime, timedelta, timezone
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from components.errors import HpmlError, SpecError
-from components.trainer.launchers.stopping import Stopped
-from pipelines import runner
-from pipelines.definition import Pipeline
+from hpml.components.errors import HpmlError, SpecError
+from hpml.components.trainer.launchers.stopping import Stopped
+from hpml.pipelines import runner
+from hpml.pipelines.dsl import Pipeline
 
 
 def airflow_params(schema: dict) -> dict[str, Param]:

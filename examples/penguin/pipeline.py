@@ -1,27 +1,41 @@
-"""The penguin pipeline: palmerpenguins CSV -> ExampleGen -> Transform -> Trainer."""
+"""The penguin pipeline: palmerpenguins CSV -> ExampleGen -> Transform -> Trainer.
+
+The data ship inside the palmerpenguins package (`pip install hpml[examples]`); nothing is downloaded.
+"""
 from __future__ import annotations
 
-from components.example_gen import EXAMPLE_GEN
-from components.trainer import TRAINER
-from components.transform import TRANSFORM
-from pipelines import columns
-from pipelines.definition import Node, Pipeline
-from pipelines.params import training_params_schema
-from pipelines.paths import penguins_csv
+import importlib.util
+from pathlib import Path
 
-MODULE = "pipelines.penguin_module"
+from hpml.v1 import EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipeline, SpecError, training_params_schema
+
+MODULE = "hpml.examples.penguin.module"  # or the path of module.py, as TFX takes a module_file
+LABEL = "species"
+NUMERIC = ("bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g")
+CATEGORICAL = ("island", "sex")
+
+
+def penguins_csv() -> str:
+    """The palmerpenguins package's CSV, found without importing the package (it imports pandas)."""
+    package = importlib.util.find_spec("palmerpenguins")
+    if package is None or package.origin is None:
+        raise SpecError("the penguin example needs the palmerpenguins package, which is not installed",
+                        hint="pip install 'hpml[examples]'")
+    return str(Path(package.origin).parent / "data" / "penguins.csv")
+
 
 PIPELINE = Pipeline(
     name="penguin",
     description="Classify palmerpenguins species from bill, flipper, mass, island and sex.",
     params_schema=training_params_schema(penguins_csv()),
+    param_checks=TRAINING_CHECKS,
     nodes=(
         Node(
             "ExampleGen", EXAMPLE_GEN,
             params=lambda p: {
                 "input_path": p["data_path"],
-                "required_columns": [columns.PENGUIN_LABEL],
-                "numeric_columns": list(columns.PENGUIN_NUMERIC),
+                "required_columns": [LABEL],
+                "numeric_columns": list(NUMERIC),
                 "skip_bad_rows": p["skip_bad_rows"],
                 "encoding": p["encoding"],
             },
@@ -31,8 +45,7 @@ PIPELINE = Pipeline(
             inputs={"examples": ("ExampleGen", "examples"), "schema": ("ExampleGen", "schema")},
             params=lambda p: {
                 "module": MODULE,
-                "required_features": [columns.PENGUIN_LABEL, *columns.PENGUIN_NUMERIC,
-                                      *columns.PENGUIN_CATEGORICAL],
+                "required_features": [LABEL, *NUMERIC, *CATEGORICAL],
                 "batch_size": p["batch_size"],
             },
         ),

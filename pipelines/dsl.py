@@ -1,14 +1,20 @@
-"""A pipeline: named nodes, each a component with wired inputs and parameters derived from the
-pipeline's validated parameters. Runners (local, Airflow) execute the same definition."""
+"""The pipeline DSL: named nodes, each a component with wired inputs and parameters derived from the
+pipeline's validated parameters. Runners (local, Airflow, TFX) execute the same definition.
+
+A pipeline brings its own parameters (a JSON schema, which is also the Airflow trigger form) and its own
+checks on them; `hpml.pipelines.training_params` has the schema and checks that training pipelines share.
+"""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Union
 
-from components.spec import ComponentSpec
-from components.errors import SpecError
+from hpml.components.spec import ComponentSpec
+from hpml.components.errors import SpecError
 
 
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,249}$")
 Source = tuple[str, str]  # (upstream node id, upstream output name)
 
 
@@ -42,8 +48,14 @@ class Pipeline:
     nodes: tuple[Node, ...]
     params_schema: Mapping[str, Any]
     description: str = ""
+    # Run after the schema on the validated values, in order: each may return updates or raise SpecError.
+    param_checks: tuple[Callable[[Mapping[str, Any]], Any], ...] = ()
 
     def __post_init__(self):
+        if not _NAME_RE.match(self.name):
+            raise SpecError(f"pipeline name {self.name!r} is invalid",
+                            hint="use letters, digits, '_' and '-', starting with a letter or digit (it is the "
+                                 "Airflow DAG id and a folder name)")
         seen: set[str] = set()
         for node in self.nodes:
             for input_name, wired in node.inputs.items():
@@ -61,6 +73,12 @@ class Pipeline:
             if node.id in seen:
                 raise SpecError(f"{self.name}: duplicate node id {node.id}")
             seen.add(node.id)
+
+    def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's parameters: defaults filled in, the schema and this pipeline's checks applied."""
+        from hpml.pipelines.params import validate
+
+        return validate(self.params_schema, values, self.param_checks)
 
     def node(self, node_id: str) -> Node:
         for node in self.nodes:

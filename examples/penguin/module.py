@@ -1,11 +1,11 @@
-"""The penguin user module: `preprocessing_fn` for Transform and `run_fn` for Trainer.
+"""The penguin user module, derived from the columns of penguins.csv: `preprocessing_fn` for Transform and `run_fn`
+for Trainer. Written by `hpml init`; edit it freely.
 
-Written against TFX's contract only (FnArgs fields, tfxio dataset options), so a TFX
-pipeline can use it as its Transform and Trainer module_file.
+Written against TFX's contract (FnArgs fields, tfxio dataset options) and `hpml.v1` only, so a TFX pipeline can
+use it as its Transform and Trainer module_file.
 """
 from __future__ import annotations
 
-import json
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -13,10 +13,13 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 import tensorflow_transform as tft  # noqa: E402
 
-from pipelines.columns import PENGUIN_CATEGORICAL as CATEGORICAL_FEATURES  # noqa: E402
-from pipelines.columns import PENGUIN_LABEL as LABEL_KEY  # noqa: E402
-from pipelines.columns import PENGUIN_NUMERIC as NUMERIC_FEATURES  # noqa: E402
-
+LABEL_KEY = "species"
+TASK = "classification"  # "classification" or "regression"
+# z-scored; a missing value becomes the mean
+NUMERIC_FEATURES = ("bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g")
+# a vocabulary each, plus one out-of-vocabulary id
+CATEGORICAL_FEATURES = ("island", "sex")
+HIDDEN_UNITS = (16, 8)
 DEFAULT_HYPERPARAMETERS = {"epochs": 10, "batch_size": 32, "learning_rate": 0.01, "seed": 42}
 
 
@@ -29,25 +32,43 @@ def _dense(x, default):
     return tf.reshape(x, [-1])
 
 
+def _float(x):
+    """The same tensor, dense or sparse, as float32."""
+    if isinstance(x, tf.sparse.SparseTensor):
+        return tf.SparseTensor(x.indices, tf.cast(x.values, tf.float32), x.dense_shape)
+    return tf.cast(x, tf.float32)
+
+
+def _text(x):
+    """The same tensor, dense or sparse, as strings: a whole-number label's classes are its values."""
+    if x.dtype == tf.string:
+        return x
+    if isinstance(x, tf.sparse.SparseTensor):
+        return tf.SparseTensor(x.indices, tf.strings.as_string(x.values), x.dense_shape)
+    return tf.strings.as_string(x)
+
+
 def preprocessing_fn(inputs):
-    """z-score the measurements (missing -> the mean), vocabularies for island, sex and the label."""
+    """z-score the numbers (missing -> the mean), a vocabulary for each text column and a class label."""
     outputs = {}
     for name in NUMERIC_FEATURES:
-        value = tf.cast(inputs[name], tf.float32) if not isinstance(inputs[name], tf.sparse.SparseTensor) else \
-            tf.SparseTensor(inputs[name].indices, tf.cast(inputs[name].values, tf.float32), inputs[name].dense_shape)
-        outputs[name] = _dense(tft.scale_to_z_score(value), 0.0)
+        outputs[name] = _dense(tft.scale_to_z_score(_float(inputs[name])), 0.0)
     for name in CATEGORICAL_FEATURES:
         outputs[name] = tft.compute_and_apply_vocabulary(
-            _dense(inputs[name], ""), num_oov_buckets=1, vocab_filename=name
+            _dense(_text(inputs[name]), ""), num_oov_buckets=1, vocab_filename=name
         )
-    outputs[LABEL_KEY] = tft.compute_and_apply_vocabulary(_dense(inputs[LABEL_KEY], ""), vocab_filename=LABEL_KEY)
+    if TASK == "classification":
+        outputs[LABEL_KEY] = tft.compute_and_apply_vocabulary(_dense(_text(inputs[LABEL_KEY]), ""),
+                                                              vocab_filename=LABEL_KEY)
+    else:
+        outputs[LABEL_KEY] = _dense(_float(inputs[LABEL_KEY]), 0.0)
     return outputs
 
 
 def _label_classes(tf_transform_output) -> int:
     """The label vocabulary's size; one class leaves nothing to learn (and Keras would then score
     "accuracy" as binary accuracy, reporting 0 for a model that is always right), so it is refused."""
-    from components.errors import InputDataError
+    from hpml.v1 import InputDataError
 
     classes = tf_transform_output.vocabulary_size_by_name(LABEL_KEY)
     if classes < 2:
@@ -60,11 +81,36 @@ def _label_classes(tf_transform_output) -> int:
     return classes
 
 
-def build_model(tf_transform_output, learning_rate: float, accumulation_steps: int = 1):
-    """A small MLP over the z-scored measurements and one-hot categories."""
+def _head(tf_transform_output, label_stats=None):
+    """The output layer, loss and metrics the task asks for. A regressor's unit-scale output is moved to the
+    label's scale by `label_stats`, the training labels' (mean, standard deviation)."""
     import tf_keras
 
-    from components.trainer.grad_accum import GradientAccumulationModel
+    if TASK == "classification":
+        return (tf_keras.layers.Dense(_label_classes(tf_transform_output), activation="softmax"),
+                "sparse_categorical_crossentropy", ["accuracy"])
+    mean, std = label_stats or (0.0, 1.0)
+    head = tf_keras.Sequential([tf_keras.layers.Dense(1), tf_keras.layers.Rescaling(std, offset=mean)], name="head")
+    return head, "mse", ["mae"]
+
+
+def label_stats(dataset):
+    """(mean, standard deviation) of a regression label over one pass of (features, label) batches."""
+    count, total, squares = 0.0, 0.0, 0.0
+    for _, labels in dataset:
+        labels = tf.cast(tf.reshape(labels, [-1]), tf.float64)
+        count += float(tf.size(labels))
+        total += float(tf.reduce_sum(labels))
+        squares += float(tf.reduce_sum(labels * labels))
+    mean = total / max(count, 1.0)
+    return mean, max((squares / max(count, 1.0) - mean * mean), 0.0) ** 0.5 or 1.0
+
+
+def build_model(tf_transform_output, learning_rate: float, accumulation_steps: int = 1, label_stats=None):
+    """A small MLP over the z-scored numbers and one-hot categories."""
+    import tf_keras
+
+    from hpml.v1 import GradientAccumulationModel
 
     inputs, encoded = {}, []
     for name in NUMERIC_FEATURES:
@@ -74,20 +120,16 @@ def build_model(tf_transform_output, learning_rate: float, accumulation_steps: i
         depth = tf_transform_output.vocabulary_size_by_name(name) + 1
         inputs[name] = tf_keras.Input(shape=(), name=name, dtype=tf.int64)
         encoded.append(tf_keras.layers.CategoryEncoding(depth, output_mode="one_hot")(inputs[name]))
-    x = tf_keras.layers.Concatenate()(encoded)
-    for units in (16, 8):
+    x = tf_keras.layers.Concatenate()(encoded) if len(encoded) > 1 else encoded[0]
+    for units in HIDDEN_UNITS:
         x = tf_keras.layers.Dense(units, activation="relu")(x)
-    classes = _label_classes(tf_transform_output)
-    outputs = tf_keras.layers.Dense(classes, activation="softmax")(x)
+    head, loss, metrics = _head(tf_transform_output, label_stats)
+    outputs = head(x)
     if accumulation_steps > 1:
         model = GradientAccumulationModel(inputs, outputs, accumulation_steps=accumulation_steps)
     else:
         model = tf_keras.Model(inputs, outputs)
-    model.compile(
-        optimizer=tf_keras.optimizers.Adam(learning_rate),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
+    model.compile(optimizer=tf_keras.optimizers.Adam(learning_rate), loss=loss, metrics=metrics)
     return model
 
 
@@ -107,51 +149,33 @@ def _feature_layer(tf_transform_output):
     return EncodeFeatures(name="encode_features")
 
 
-def build_pipeline_model(tf_transform_output, hp):
+def build_pipeline_model(tf_transform_output, hp, label_stats=None):
     """The same MLP as a GPipe PipelineModel over K stages and M micro-batches."""
     import tf_keras
 
-    from components.trainer.gpipe.pipeline_model import PipelineModel
+    from hpml.v1 import PipelineModel
 
-    classes = _label_classes(tf_transform_output)
-    layers = [_feature_layer(tf_transform_output), tf_keras.layers.Dense(16, activation="relu"),
-              tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(classes, activation="softmax")]
+    encode = _feature_layer(tf_transform_output)
+    hidden = [tf_keras.layers.Dense(units, activation="relu") for units in HIDDEN_UNITS]
+    head, loss, metrics = _head(tf_transform_output, label_stats)
+    layers = [encode, *hidden, head]
     k = int(hp.get("pipeline_stages", 2))
     model = PipelineModel(layers, num_stages=k, num_micro_batches=int(hp.get("micro_batches", 4)),
                           balance=hp.get("balance", [2, 2] if k == 2 else [1] * k),
                           remat=hp.get("remat", "except_last"), schedule_name=hp.get("schedule", "gpipe"),
                           swap=bool(hp.get("swap", False)))
-    model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]), loss=loss, metrics=metrics)
     return model
 
 
-def _record_pipeline(model, batch, model_run_dir):
-    """K, M, the balance, profiled per-stage costs and the bubble they imply, and the executed
-    timeline of one traced step (order per stage and measured bubble), for the run record."""
-    from components.trainer.gpipe import profile, trace
-
-    features, labels = batch[0], batch[1]
-    costs = profile.layer_costs(model.pipeline_layers, features, repeats=3)
-    stage_costs = profile.stage_costs(costs, model.stages)
-    events = trace.trace_train_step(model, features, labels)
-    executed = trace.executed_order(events, model.num_stages)
-    record = dict(model.describe(), stage_costs_s=stage_costs,
-                  measured_bubble=profile.measured_bubble(model.order, stage_costs),
-                  executed_bubble=trace.measured_bubble(events, model.num_stages),
-                  executed_order=executed, executed_in_schedule_order=executed == model.order,
-                  executed_events=[[e.stage, e.kind, e.micro, round(e.start_ms, 4), round(e.end_ms, 4), e.name]
-                                   for e in events])
-    with open(os.path.join(model_run_dir, "gpipe.json"), "w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=2)
-
-
 def estimate_model_memory(hyperparameters):
-    """The Trainer's strategy planner asks for this: about 300 parameters, tiny activations."""
-    from components.trainer.plan import ModelMemory
+    """The Trainer's strategy planner asks for this: the MLP's parameters, with 8 values a category assumed."""
+    from hpml.v1 import ModelMemory
 
     batch = int(hyperparameters.get("batch_size", DEFAULT_HYPERPARAMETERS["batch_size"]))
-    return ModelMemory(params=16 * 12 + 16 + 8 * 16 + 8 + 3 * 8 + 3, activation_bytes=batch * 48 * 4)
+    widths = [len(NUMERIC_FEATURES) + 8 * len(CATEGORICAL_FEATURES), *HIDDEN_UNITS, 8]
+    params = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+    return ModelMemory(params=params, activation_bytes=batch * sum(widths) * 4)
 
 
 def _dataset(fn_args, files, tf_transform_output, batch_size, seed, shuffle, num_epochs=1):
@@ -168,13 +192,12 @@ def _dataset(fn_args, files, tf_transform_output, batch_size, seed, shuffle, num
 
 
 def run_fn(fn_args):
-    """Train the penguin classifier under the planned strategy and export it for serving."""
+    """Train the model under the planned strategy and export it for serving raw tf.Examples."""
     import tf_keras
 
-    from components.input_pipeline.stall import record_input_stall
-    from components.trainer.callbacks import CoordinatorValidation, epoch_size, standard_callbacks
-    from components.trainer.export import export_serving_model
-    from components.trainer.strategies import make_strategy
+    from hpml.v1 import (CoordinatorValidation, epoch_size, export_serving_model, make_strategy, record_input_stall,
+                         record_pipeline_schedule, standard_callbacks, write_classification_report,
+                         write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -185,12 +208,14 @@ def run_fn(fn_args):
     accumulation = int(hp.get("gradient_accumulation_steps", 1))
 
     evaluation = _dataset(fn_args, fn_args.eval_files, tf_transform_output, hp["batch_size"], hp["seed"], False)
+    stats = None if TASK == "classification" else label_stats(
+        _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
     with strategy.scope():
         if strategy_name == "gpipe":
-            model = build_pipeline_model(tf_transform_output, hp)
+            model = build_pipeline_model(tf_transform_output, hp, stats)
             model(next(iter(evaluation))[0])  # create each stage's variables on its device, outside fit
         else:
-            model = build_model(tf_transform_output, hp["learning_rate"], accumulation)
+            model = build_model(tf_transform_output, hp["learning_rate"], accumulation, stats)
     os.makedirs(fn_args.model_run_dir, exist_ok=True)
     # Steps per epoch must be known for BackupAndRestore to resume mid-epoch and for the PS
     # coordinator; the training data then repeats and the steps mark the epoch boundaries.
@@ -204,7 +229,7 @@ def run_fn(fn_args):
         # The coordinator schedules steps on the workers; each worker makes its own dataset.
         train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(
             fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None))
-        local = build_model(tf_transform_output, hp["learning_rate"])  # evaluates and exports on the coordinator
+        local = build_model(tf_transform_output, hp["learning_rate"], label_stats=stats)  # evaluates, exports
         callbacks.insert(0, CoordinatorValidation(local, evaluation, fn_args.eval_steps))
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, callbacks=callbacks, verbose=0)
         local.set_weights([v.numpy() for v in model.weights])
@@ -216,12 +241,13 @@ def run_fn(fn_args):
         if strategy_name != "multi_worker_mirrored":  # workers would have to time their steps in lockstep
             record_input_stall(model, train, fn_args.model_run_dir, steps=min(30, 2 * steps))
     if strategy_name == "gpipe":
-        _record_pipeline(model, next(iter(evaluation)), fn_args.model_run_dir)
+        record_pipeline_schedule(model, next(iter(evaluation)), fn_args.model_run_dir)
     results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
-    with open(os.path.join(fn_args.model_run_dir, "eval_metrics.json"), "w", encoding="utf-8") as handle:
-        json.dump({k: float(v) for k, v in results.items()}, handle)
-    class_names = tf_transform_output.vocabulary_by_name(LABEL_KEY)
-    export_serving_model(
-        model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY,
-        class_names=[c.decode() if isinstance(c, bytes) else c for c in class_names],
-    )
+    write_eval_metrics(fn_args.model_run_dir, results)
+    if TASK == "classification":
+        class_names = [c.decode() if isinstance(c, bytes) else c
+                       for c in tf_transform_output.vocabulary_by_name(LABEL_KEY)]
+        write_classification_report(fn_args.model_run_dir, model, evaluation, class_names, fn_args.eval_steps)
+        export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, class_names=class_names)
+    else:
+        export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, regression=True)

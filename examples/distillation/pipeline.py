@@ -6,17 +6,51 @@ every model, the teachers' ensemble too, on the same raw eval split.
 """
 from __future__ import annotations
 
-from components.evaluator import EVALUATOR
-from components.example_gen import EXAMPLE_GEN
-from components.soft_targets import SOFT_TARGETS
-from components.trainer import TRAINER
-from components.transform import TRANSFORM
-from pipelines import columns
-from pipelines.definition import Node, Pipeline
-from pipelines.paths import digits_csv, ensure_digits_csv
+import os
+from pathlib import Path
 
-MODULE = "pipelines.digits_module"
+from hpml.v1 import EVALUATOR, EXAMPLE_GEN, SOFT_TARGETS, TRAINER, TRANSFORM, Node, Pipeline, SpecError
+
+MODULE = "hpml.examples.distillation.module"
 NUM_TEACHERS = 3
+LABEL = "digit"
+PIXELS = tuple(f"pixel_{i}" for i in range(64))
+
+
+def digits_csv() -> str:
+    """Where scikit-learn's 8x8 digits live as a headed CSV (pixel_0..pixel_63, digit): HPML_HOME/data.
+
+    Only a path: DAG files are parsed often, so nothing is written here. `ensure_digits_csv`
+    writes the file when a run first reads it.
+    """
+    from hpml.v1 import hpml_home
+
+    return str(hpml_home() / "data" / "digits.csv")
+
+
+def ensure_digits_csv(path: str) -> str:
+    """`path`, with the digits CSV written there first if `path` is `digits_csv()` and missing.
+
+    The data ship inside scikit-learn (`pip install hpml[examples]`; nothing is downloaded); the file is
+    written atomically, so concurrent or retried runs never see half of it. Any other path is returned untouched.
+    """
+    target = Path(digits_csv())
+    if Path(path).resolve() != target.resolve() or target.is_file():
+        return path
+    try:
+        import numpy as np
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise SpecError("the distillation example needs scikit-learn, which is not installed",
+                        hint="pip install 'hpml[examples]'") from None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digits = load_digits()
+    rows = np.column_stack([digits.data.astype(np.int64), digits.target.astype(np.int64)])
+    header = ",".join([f"pixel_{i}" for i in range(digits.data.shape[1])] + ["digit"])
+    tmp = target.with_suffix(f".tmp-{os.getpid()}")
+    np.savetxt(tmp, rows, fmt="%d", delimiter=",", header=header, comments="")
+    os.replace(tmp, target)
+    return path
 
 
 def params_schema(default_data_path: str) -> dict:
@@ -29,7 +63,8 @@ def params_schema(default_data_path: str) -> dict:
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "data_path": {"type": "string", "minLength": 1, "default": default_data_path, "title": "Data path",
+            "data_path": {"type": "string", "format": "path", "minLength": 1, "default": default_data_path,
+                          "title": "Data path",
                           "description": "Digits CSV (pixel_0..pixel_63, digit). Must lie under HPML_DATA_ROOTS."},
             "teacher_epochs": integer(30, 1, 1000, "Teacher epochs", "Full passes over the train split per teacher."),
             "student_epochs": integer(60, 1, 1000, "Student epochs",
@@ -79,18 +114,18 @@ def build(num_teachers: int = NUM_TEACHERS, name: str = "distillation") -> Pipel
         params_schema=params_schema(digits_csv()),
         nodes=(
             Node("ExampleGen", EXAMPLE_GEN, params=lambda p: {
-                "input_path": ensure_digits_csv(p["data_path"]), "required_columns": [columns.DIGITS_LABEL],
-                "numeric_columns": [columns.DIGITS_LABEL, *columns.DIGITS_PIXELS]}),
+                "input_path": ensure_digits_csv(p["data_path"]), "required_columns": [LABEL],
+                "numeric_columns": [LABEL, *PIXELS]}),
             Node("Transform", TRANSFORM,
                  inputs={"examples": ("ExampleGen", "examples"), "schema": ("ExampleGen", "schema")},
                  params=lambda p: {"module": MODULE, "batch_size": p["batch_size"],
-                                   "required_features": [columns.DIGITS_LABEL, *columns.DIGITS_PIXELS]}),
+                                   "required_features": [LABEL, *PIXELS]}),
             *teacher_nodes,
             Node("SoftTargets", SOFT_TARGETS,
                  inputs={"examples": ("Transform", "transformed_examples"),
                          "transform_graph": ("Transform", "transform_graph"),
                          "teachers": [(t, "model") for t in teachers]},
-                 params=lambda p: {"label_key": columns.DIGITS_LABEL, "temperature": p["temperature"]}),
+                 params=lambda p: {"label_key": LABEL, "temperature": p["temperature"]}),
             # Both students read through TFXIO in the same order, so they differ only in the loss: the tuned
             # InputPipeline spec is fingerprinted to the transformed schema, which soft targets extend.
             Node("Student_scratch", TRAINER, inputs=students,
@@ -106,7 +141,7 @@ def build(num_teachers: int = NUM_TEACHERS, name: str = "distillation") -> Pipel
                  inputs={"examples": ("ExampleGen", "examples"),
                          "models": [(n, "model") for n in teachers + ["Student_scratch", "Student_distilled"]]},
                  params=lambda p: {
-                     "label_key": columns.DIGITS_LABEL,
+                     "label_key": LABEL,
                      "model_names": [t.lower() for t in teachers] + ["student_scratch", "student_distilled"],
                      "ensembles": {"ensemble": [t.lower() for t in teachers]} if num_teachers > 1 else {},
                      "distillation": {"teacher": "ensemble" if num_teachers > 1 else "teacher_0",

@@ -6,15 +6,14 @@ scikit-learn's 8x8 digits: 64 pixel intensities 0..16 and the digit. Every model
 """
 from __future__ import annotations
 
-import json
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf  # noqa: E402
 
-from pipelines.columns import DIGITS_LABEL as LABEL_KEY  # noqa: E402
-from pipelines.columns import DIGITS_PIXELS as PIXELS  # noqa: E402
+LABEL_KEY = "digit"
+PIXELS = tuple(f"pixel_{i}" for i in range(64))
 
 NUM_CLASSES = 10
 CLASS_NAMES = [str(d) for d in range(NUM_CLASSES)]
@@ -83,19 +82,17 @@ def run_fn(fn_args):
     import tensorflow_transform as tft
     import tf_keras
 
-    from components.trainer.callbacks import epoch_size, standard_callbacks
-    from components.trainer.distill import mode as distill_mode
-    from components.trainer.export import export_serving_model
-    from components.trainer.strategies import make_strategy
+    from hpml.v1 import (build_distiller, distillation_config, distillation_schema, epoch_size, export_serving_model,
+                         make_strategy, standard_callbacks, student_for_serving, write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
     strategy_name = config.get("strategy", "one_device")
     strategy = make_strategy(strategy_name)  # first: cluster strategies must precede other TF ops
     tf_keras.utils.set_random_seed(int(hp["seed"]))
-    distillation = distill_mode.config_from(config)
+    distillation = distillation_config(config)
     tft_output = tft.TFTransformOutput(fn_args.transform_output)
-    schema = distill_mode.schema_with_soft_targets(tft_output.transformed_metadata.schema, distillation)
+    schema = distillation_schema(tft_output.transformed_metadata.schema, distillation)
 
     batch, epochs = int(hp["batch_size"]), int(hp["epochs"])
     evaluation = _dataset(fn_args, fn_args.eval_files, schema, batch, hp["seed"], False)
@@ -108,7 +105,7 @@ def run_fn(fn_args):
     with strategy.scope():
         student = build_mlp(list(hp["hidden"]), hp["activation"], float(hp["dropout"]))
         if distillation:
-            model = distill_mode.build_distiller(student, distillation, next(iter(evaluation))[0])
+            model = build_distiller(student, distillation, next(iter(evaluation))[0])
             model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]))
         else:
             model = student
@@ -121,7 +118,6 @@ def run_fn(fn_args):
     model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=evaluation,
               validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
     results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
-    with open(os.path.join(fn_args.model_run_dir, "eval_metrics.json"), "w", encoding="utf-8") as handle:
-        json.dump(dict({k: float(v) for k, v in results.items()}, params=int(student.count_params())), handle)
-    export_serving_model(distill_mode.student_for_serving(student), tft_output, fn_args.serving_model_dir,
+    write_eval_metrics(fn_args.model_run_dir, dict(results, params=student.count_params()))
+    export_serving_model(student_for_serving(student), tft_output, fn_args.serving_model_dir,
                          LABEL_KEY, class_names=CLASS_NAMES)

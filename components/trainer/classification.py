@@ -1,0 +1,48 @@
+"""A classifier's per-class precision, recall and F1, and its confusion matrix, on the eval split.
+
+`write_classification_report` leaves them in the ModelRun, where the run record keeps them and the run report
+shows a table and a heatmap: the first things an ML engineer looks at after overall accuracy.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from hpml.components.artifacts import CLASSIFICATION_FILE
+
+
+def classification_report(model, dataset, class_names: list[str], steps: int | None = None) -> dict:
+    """Score `model` on (features, labels) batches of `dataset` (labels are class ids, outputs probabilities)."""
+    classes = len(class_names)
+    confusion = np.zeros((classes, classes), dtype=np.int64)
+    for step, (features, labels) in enumerate(dataset):
+        if steps and step >= steps:
+            break
+        predicted = np.argmax(np.asarray(model(features, training=False)), axis=-1).reshape(-1)
+        actual = np.asarray(labels).reshape(-1).astype(np.int64)
+        np.add.at(confusion, (actual, predicted), 1)
+    rows = []
+    for i, name in enumerate(class_names):
+        true_positive = int(confusion[i, i])
+        predicted, support = int(confusion[:, i].sum()), int(confusion[i].sum())
+        precision = true_positive / predicted if predicted else 0.0
+        recall = true_positive / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        rows.append({"class": name, "precision": precision, "recall": recall, "f1": f1, "support": support})
+    return {"classes": list(class_names), "per_class": rows, "confusion_matrix": confusion.tolist(),
+            "examples": int(confusion.sum())}
+
+
+def write_classification_report(model_run_dir: str, model, dataset, class_names: list[str],
+                                steps: int | None = None) -> dict:
+    """Compute the report and write it to the ModelRun (on the chief only, where several workers run run_fn)."""
+    from hpml.components.trainer.strategies import is_chief
+
+    report = classification_report(model, dataset, class_names, steps)
+    if is_chief():
+        os.makedirs(model_run_dir, exist_ok=True)
+        with open(os.path.join(model_run_dir, CLASSIFICATION_FILE), "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=1)
+    return report

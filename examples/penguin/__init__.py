@@ -1,0 +1,1 @@
+"""Penguin species from palmerpenguins measurements: ExampleGen -> Transform -> Trainer."""

@@ -1,0 +1,513 @@
+"""`hpml init`: a pipeline for your own CSV, written as files you own and edit.
+
+It reads the CSV once, decides each column's kind (numbers are z-scored; text goes through a vocabulary) and the
+task (a text label, or whole numbers with few distinct values, is classification; other numbers, regression),
+and writes a project folder:
+
+    NAME/pipeline.py   the pipeline definition (ExampleGen -> Transform -> Trainer)
+    NAME/module.py     the user module: preprocessing_fn for Transform, run_fn for Trainer
+    NAME/dag.py        an Airflow DAG file for it (or DAGS_FOLDER/NAME.py with --dags-folder)
+
+`hpml run NAME` then runs it from the folder that holds NAME/.
+"""
+from __future__ import annotations
+
+import csv
+import difflib
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpml.components.errors import InputDataError, SpecError
+from hpml.components.example_gen.text_encoding import DEFAULT_ENCODING
+from hpml.pipelines.airflow.dag_file import dag_file_text
+from hpml.pipelines.discovery import PIPELINE_FILE
+
+MODULE_FILE = "module.py"
+DAG_FILE = "dag.py"
+MISSING = ("", "NA")  # ExampleGen's default na_values
+MAX_CLASSES = 20  # whole-number labels with at most this many values are classes
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+# A TensorFlow op name: features become Keras input names, so they must be valid ones.
+_FEATURE_RE = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-/>]*$")
+
+
+@dataclass(frozen=True)
+class CsvProfile:
+    """What `hpml init` learnt from the CSV."""
+
+    path: str
+    label: str
+    task: str  # "classification" or "regression"
+    numeric: tuple[str, ...]
+    categorical: tuple[str, ...]
+    empty: tuple[str, ...]  # columns with no value in any row: left out
+    rows: int
+    classes: tuple[str, ...] = ()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return text.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity")
+
+
+def profile_csv(path: str, label: str, task: str | None = None, encoding: str = DEFAULT_ENCODING) -> CsvProfile:
+    """Read the whole CSV once: each column's kind, and the task its label asks for."""
+    if not os.path.isfile(path):
+        raise InputDataError(f"{path}: no such file", hint="--csv takes the path of a CSV file with a header row")
+    codec = "utf-8-sig" if encoding.lower().replace("_", "-") in ("utf-8", "utf8") else encoding
+    try:
+        with open(path, newline="", encoding=codec) as handle:
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if not header or not any(cell.strip() for cell in header):
+                raise InputDataError(f"{path}: the file is empty; hpml init needs a header row and data rows")
+            values: list[set[str]] = [set() for _ in header]
+            numeric = [True] * len(header)
+            whole = [True] * len(header)
+            rows = 0
+            for line, row in enumerate(reader, start=2):
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise InputDataError(f"{path}:{line}: expected {len(header)} fields, got {len(row)}",
+                                         hint="fix the row, or quote a field that holds a comma")
+                rows += 1
+                for i, cell in enumerate(row):
+                    if cell in MISSING:
+                        continue
+                    if len(values[i]) <= MAX_CLASSES:
+                        values[i].add(cell)
+                    if numeric[i] and not _is_number(cell):
+                        numeric[i] = False
+                    if whole[i] and numeric[i] and not float(cell).is_integer():
+                        whole[i] = False
+    except UnicodeDecodeError as err:
+        raise InputDataError(f"{path}: not {encoding} text ({err.reason} at byte {err.start})",
+                             hint="pass --encoding, e.g. latin-1 or cp1252") from None
+    header = [name.strip() for name in header]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise InputDataError(f"{path}: column(s) {', '.join(map(repr, repeated))} appear more than once in the header")
+    if label not in header:
+        close = difflib.get_close_matches(label, header, n=1)
+        raise SpecError(f"--label {label!r} is not a column of {path}",
+                        hint=(f"did you mean {close[0]!r}? " if close else "") + f"columns: {', '.join(header)}")
+    bad = [name for name in header if not _FEATURE_RE.match(name)]
+    if bad:
+        raise InputDataError(f"{path}: column name(s) {', '.join(map(repr, bad))} cannot name a feature",
+                             hint="rename them in the header: letters, digits, '_', '.', '-' or '/', not spaces")
+    if rows == 0:
+        raise InputDataError(f"{path}: the file has a header but no data rows")
+    at = header.index(label)
+    if not values[at]:
+        raise InputDataError(f"{path}: label {label!r} has no value in any row")
+    if task is None:
+        task = "classification" if not numeric[at] or (whole[at] and len(values[at]) <= MAX_CLASSES) \
+            else "regression"
+    if task == "regression" and not numeric[at]:
+        raise InputDataError(f"{path}: label {label!r} holds text (e.g. {sorted(values[at])[0]!r}), so it cannot be "
+                             "a regression target", hint="leave out --task, or choose a numeric label")
+    if task == "classification" and len(values[at]) < 2:
+        raise InputDataError(f"{path}: label {label!r} has one value ({next(iter(values[at]))!r}) in every row; a "
+                             "classifier needs at least 2", hint="choose another label column")
+    features = [i for i in range(len(header)) if i != at]
+    return CsvProfile(
+        path=str(Path(path).resolve()), label=label, task=task, rows=rows,
+        numeric=tuple(header[i] for i in features if values[i] and numeric[i]),
+        categorical=tuple(header[i] for i in features if values[i] and not numeric[i]),
+        empty=tuple(header[i] for i in features if not values[i]),
+        classes=tuple(sorted(values[at])) if task == "classification" and len(values[at]) <= MAX_CLASSES else (),
+    )
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise SpecError(f"pipeline name {name!r} is invalid",
+                        hint="start with a letter; then letters, digits or '_' (it names a folder, a Python file "
+                             "and the Airflow DAG)")
+    return name
+
+
+def _tuple(names: tuple[str, ...]) -> str:
+    """Names as a Python tuple literal in double quotes (feature names hold no quotes: _FEATURE_RE)."""
+    return "(" + ", ".join(f'"{name}"' for name in names) + ("," if len(names) == 1 else "") + ")"
+
+
+def render_module(profile: CsvProfile, name: str, source: str) -> str:
+    """module.py's text: the constants derived from the CSV, then the same code for every CSV."""
+    left_out = f"# Left out, with no value in any row: {', '.join(profile.empty)}.\n" if profile.empty else ""
+    constants = (f'LABEL_KEY = "{profile.label}"\n'
+                 f'TASK = "{profile.task}"  # "classification" or "regression"\n'
+                 "# z-scored; a missing value becomes the mean\n"
+                 f"NUMERIC_FEATURES = {_tuple(profile.numeric)}\n"
+                 "# a vocabulary each, plus one out-of-vocabulary id\n"
+                 f"CATEGORICAL_FEATURES = {_tuple(profile.categorical)}\n{left_out}".rstrip("\n"))
+    return (MODULE_TEMPLATE.replace("@NAME@", name).replace("@SOURCE@", source)
+            .replace("@CONSTANTS@", constants))
+
+
+def render_pipeline(profile: CsvProfile, name: str) -> str:
+    what = "Classify" if profile.task == "classification" else "Predict"
+    description = f"{what} {profile.label} from the other columns of {Path(profile.path).name}."
+    return (PIPELINE_TEMPLATE.replace("@NAME@", name).replace("@DESCRIPTION@", description)
+            .replace("@DATA@", repr(profile.path)).replace("@LABEL@", repr(profile.label))
+            .replace("@NUMERIC@", _tuple(profile.numeric + ((profile.label,) if profile.task == "regression" else ())))
+            .replace("@FEATURES@", _tuple((profile.label, *profile.numeric, *profile.categorical))))
+
+
+def _write_all(files: dict[Path, str]) -> None:
+    """Write every file to a temporary sibling first, then rename them into place: an error leaves none."""
+    staged = []
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+            tmp.write_text(text, encoding="utf-8")
+            staged.append((tmp, path))
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
+
+
+def init_project(name: str, csv_path: str, label: str, directory: str = ".", dags_folder: str | None = None,
+                 task: str | None = None, force: bool = False) -> dict[str, str]:
+    """Profile the CSV and write the project folder; {"pipeline"|"module"|"dag": path}."""
+    check_name(name)
+    profile = profile_csv(csv_path, label, task)
+    folder = Path(directory).expanduser().resolve() / name
+    dag_path = (Path(dags_folder).expanduser().resolve() / f"{name}.py") if dags_folder else folder / DAG_FILE
+    paths = {"pipeline": folder / PIPELINE_FILE, "module": folder / MODULE_FILE, "dag": dag_path}
+    existing = [str(p) for p in paths.values() if p.exists()]
+    if existing and not force:
+        raise SpecError(f"{', '.join(existing)} already exist(s)", hint="choose another name, or pass --force to "
+                                                                         "overwrite")
+    source = Path(profile.path).name
+    description = f"{name}: {profile.task} of {profile.label} from {source}"
+    _write_all({paths["pipeline"]: render_pipeline(profile, name),
+                paths["module"]: render_module(profile, name, source),
+                paths["dag"]: dag_file_text(f"{paths['pipeline']}:PIPELINE", description)})
+    return {kind: str(path) for kind, path in paths.items()}
+
+
+PIPELINE_TEMPLATE = '''"""The @NAME@ pipeline: @DESCRIPTION@
+
+ExampleGen -> Transform -> Trainer, written by `hpml init`; edit it freely. `hpml run @NAME@` runs it from the
+folder that holds @NAME@/, and @NAME@/dag.py is its Airflow DAG.
+"""
+from pathlib import Path
+
+from hpml.v1 import EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipeline, training_params_schema
+
+MODULE = str(Path(__file__).with_name("module.py"))  # preprocessing_fn and run_fn
+DATA = @DATA@
+LABEL = @LABEL@
+
+PIPELINE = Pipeline(
+    name="@NAME@",
+    description="@DESCRIPTION@",
+    params_schema=training_params_schema(DATA),
+    param_checks=TRAINING_CHECKS,
+    nodes=(
+        Node(
+            "ExampleGen", EXAMPLE_GEN,
+            params=lambda p: {
+                "input_path": p["data_path"],
+                "required_columns": [LABEL],
+                "numeric_columns": list(@NUMERIC@),
+                "skip_bad_rows": p["skip_bad_rows"],
+                "encoding": p["encoding"],
+            },
+        ),
+        Node(
+            "Transform", TRANSFORM,
+            inputs={"examples": ("ExampleGen", "examples"), "schema": ("ExampleGen", "schema")},
+            params=lambda p: {
+                "module": MODULE,
+                "required_features": list(@FEATURES@),
+                "batch_size": p["batch_size"],
+            },
+        ),
+        Node(
+            "Trainer", TRAINER,
+            inputs={
+                "examples": ("Transform", "transformed_examples"),
+                "transform_graph": ("Transform", "transform_graph"),
+                "schema": ("ExampleGen", "schema"),
+                "input_pipeline": ("Transform", "input_pipeline"),
+            },
+            params=lambda p: {
+                "module": MODULE,
+                "hyperparameters": {
+                    "epochs": p["epochs"], "batch_size": p["batch_size"], "learning_rate": p["learning_rate"],
+                    "gradient_accumulation_steps": p["gradient_accumulation_steps"], "remat": p["remat"],
+                    "seed": p["seed"],
+                },
+                "launcher": p["launcher"],
+                "cluster": p.get("cluster", {}),
+                "strategy": p["strategy"],
+                "num_workers": p["num_workers"],
+                "num_ps": p["num_ps"],
+            },
+        ),
+    ),
+)
+'''
+
+MODULE_TEMPLATE = '''"""The @NAME@ user module, derived from the columns of @SOURCE@: `preprocessing_fn` for Transform and `run_fn`
+for Trainer. Written by `hpml init`; edit it freely.
+
+Written against TFX's contract (FnArgs fields, tfxio dataset options) and `hpml.v1` only, so a TFX pipeline can
+use it as its Transform and Trainer module_file.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf  # noqa: E402
+import tensorflow_transform as tft  # noqa: E402
+
+@CONSTANTS@
+HIDDEN_UNITS = (16, 8)
+DEFAULT_HYPERPARAMETERS = {"epochs": 10, "batch_size": 32, "learning_rate": 0.01, "seed": 42}
+
+
+def _dense(x, default):
+    """A [batch] tensor; a missing value (absent feature) becomes `default`."""
+    if isinstance(x, tf.sparse.SparseTensor):
+        x = tf.sparse.to_dense(
+            tf.SparseTensor(x.indices, x.values, [x.dense_shape[0], 1]), default_value=default
+        )
+    return tf.reshape(x, [-1])
+
+
+def _float(x):
+    """The same tensor, dense or sparse, as float32."""
+    if isinstance(x, tf.sparse.SparseTensor):
+        return tf.SparseTensor(x.indices, tf.cast(x.values, tf.float32), x.dense_shape)
+    return tf.cast(x, tf.float32)
+
+
+def _text(x):
+    """The same tensor, dense or sparse, as strings: a whole-number label's classes are its values."""
+    if x.dtype == tf.string:
+        return x
+    if isinstance(x, tf.sparse.SparseTensor):
+        return tf.SparseTensor(x.indices, tf.strings.as_string(x.values), x.dense_shape)
+    return tf.strings.as_string(x)
+
+
+def preprocessing_fn(inputs):
+    """z-score the numbers (missing -> the mean), a vocabulary for each text column and a class label."""
+    outputs = {}
+    for name in NUMERIC_FEATURES:
+        outputs[name] = _dense(tft.scale_to_z_score(_float(inputs[name])), 0.0)
+    for name in CATEGORICAL_FEATURES:
+        outputs[name] = tft.compute_and_apply_vocabulary(
+            _dense(_text(inputs[name]), ""), num_oov_buckets=1, vocab_filename=name
+        )
+    if TASK == "classification":
+        outputs[LABEL_KEY] = tft.compute_and_apply_vocabulary(_dense(_text(inputs[LABEL_KEY]), ""),
+                                                              vocab_filename=LABEL_KEY)
+    else:
+        outputs[LABEL_KEY] = _dense(_float(inputs[LABEL_KEY]), 0.0)
+    return outputs
+
+
+def _label_classes(tf_transform_output) -> int:
+    """The label vocabulary's size; one class leaves nothing to learn (and Keras would then score
+    "accuracy" as binary accuracy, reporting 0 for a model that is always right), so it is refused."""
+    from hpml.v1 import InputDataError
+
+    classes = tf_transform_output.vocabulary_size_by_name(LABEL_KEY)
+    if classes < 2:
+        values = tf_transform_output.vocabulary_by_name(LABEL_KEY)
+        raise InputDataError(
+            f"label {LABEL_KEY!r}: the training data holds {classes} class(es) "
+            f"({', '.join(v.decode() for v in values) or 'none'}); a classifier needs at least 2",
+            hint="check the data path: it may hold a subset of the data",
+        )
+    return classes
+
+
+def _head(tf_transform_output, label_stats=None):
+    """The output layer, loss and metrics the task asks for. A regressor's unit-scale output is moved to the
+    label's scale by `label_stats`, the training labels' (mean, standard deviation)."""
+    import tf_keras
+
+    if TASK == "classification":
+        return (tf_keras.layers.Dense(_label_classes(tf_transform_output), activation="softmax"),
+                "sparse_categorical_crossentropy", ["accuracy"])
+    mean, std = label_stats or (0.0, 1.0)
+    head = tf_keras.Sequential([tf_keras.layers.Dense(1), tf_keras.layers.Rescaling(std, offset=mean)], name="head")
+    return head, "mse", ["mae"]
+
+
+def label_stats(dataset):
+    """(mean, standard deviation) of a regression label over one pass of (features, label) batches."""
+    count, total, squares = 0.0, 0.0, 0.0
+    for _, labels in dataset:
+        labels = tf.cast(tf.reshape(labels, [-1]), tf.float64)
+        count += float(tf.size(labels))
+        total += float(tf.reduce_sum(labels))
+        squares += float(tf.reduce_sum(labels * labels))
+    mean = total / max(count, 1.0)
+    return mean, max((squares / max(count, 1.0) - mean * mean), 0.0) ** 0.5 or 1.0
+
+
+def build_model(tf_transform_output, learning_rate: float, accumulation_steps: int = 1, label_stats=None):
+    """A small MLP over the z-scored numbers and one-hot categories."""
+    import tf_keras
+
+    from hpml.v1 import GradientAccumulationModel
+
+    inputs, encoded = {}, []
+    for name in NUMERIC_FEATURES:
+        inputs[name] = tf_keras.Input(shape=(), name=name, dtype=tf.float32)
+        encoded.append(tf_keras.layers.Reshape((1,))(inputs[name]))
+    for name in CATEGORICAL_FEATURES:
+        depth = tf_transform_output.vocabulary_size_by_name(name) + 1
+        inputs[name] = tf_keras.Input(shape=(), name=name, dtype=tf.int64)
+        encoded.append(tf_keras.layers.CategoryEncoding(depth, output_mode="one_hot")(inputs[name]))
+    x = tf_keras.layers.Concatenate()(encoded) if len(encoded) > 1 else encoded[0]
+    for units in HIDDEN_UNITS:
+        x = tf_keras.layers.Dense(units, activation="relu")(x)
+    head, loss, metrics = _head(tf_transform_output, label_stats)
+    outputs = head(x)
+    if accumulation_steps > 1:
+        model = GradientAccumulationModel(inputs, outputs, accumulation_steps=accumulation_steps)
+    else:
+        model = tf_keras.Model(inputs, outputs)
+    model.compile(optimizer=tf_keras.optimizers.Adam(learning_rate), loss=loss, metrics=metrics)
+    return model
+
+
+def _feature_layer(tf_transform_output):
+    import tf_keras
+
+    depths = {name: tf_transform_output.vocabulary_size_by_name(name) + 1 for name in CATEGORICAL_FEATURES}
+
+    class EncodeFeatures(tf_keras.layers.Layer):
+        """The dict of transformed features -> one dense vector (the first pipeline stage)."""
+
+        def call(self, features):
+            numeric = [tf.reshape(tf.cast(features[n], tf.float32), [-1, 1]) for n in NUMERIC_FEATURES]
+            onehot = [tf.one_hot(features[n], depths[n]) for n in CATEGORICAL_FEATURES]
+            return tf.concat(numeric + onehot, axis=1)
+
+    return EncodeFeatures(name="encode_features")
+
+
+def build_pipeline_model(tf_transform_output, hp, label_stats=None):
+    """The same MLP as a GPipe PipelineModel over K stages and M micro-batches."""
+    import tf_keras
+
+    from hpml.v1 import PipelineModel
+
+    encode = _feature_layer(tf_transform_output)
+    hidden = [tf_keras.layers.Dense(units, activation="relu") for units in HIDDEN_UNITS]
+    head, loss, metrics = _head(tf_transform_output, label_stats)
+    layers = [encode, *hidden, head]
+    k = int(hp.get("pipeline_stages", 2))
+    model = PipelineModel(layers, num_stages=k, num_micro_batches=int(hp.get("micro_batches", 4)),
+                          balance=hp.get("balance", [2, 2] if k == 2 else [1] * k),
+                          remat=hp.get("remat", "except_last"), schedule_name=hp.get("schedule", "gpipe"),
+                          swap=bool(hp.get("swap", False)))
+    model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]), loss=loss, metrics=metrics)
+    return model
+
+
+def estimate_model_memory(hyperparameters):
+    """The Trainer's strategy planner asks for this: the MLP's parameters, with 8 values a category assumed."""
+    from hpml.v1 import ModelMemory
+
+    batch = int(hyperparameters.get("batch_size", DEFAULT_HYPERPARAMETERS["batch_size"]))
+    widths = [len(NUMERIC_FEATURES) + 8 * len(CATEGORICAL_FEATURES), *HIDDEN_UNITS, 8]
+    params = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+    return ModelMemory(params=params, activation_bytes=batch * sum(widths) * 4)
+
+
+def _dataset(fn_args, files, tf_transform_output, batch_size, seed, shuffle, num_epochs=1):
+    from tfx_bsl.public import tfxio
+
+    options = tfxio.TensorFlowDatasetOptions(
+        batch_size=batch_size, label_key=LABEL_KEY, num_epochs=num_epochs, shuffle=shuffle, shuffle_seed=seed
+    )
+    dataset = fn_args.data_accessor.tf_dataset_factory(files, options, tf_transform_output.transformed_metadata.schema)
+    # Shard by element across workers: a small data set may have fewer files than workers.
+    sharding = tf.data.Options()
+    sharding.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(sharding)
+
+
+def run_fn(fn_args):
+    """Train the model under the planned strategy and export it for serving raw tf.Examples."""
+    import tf_keras
+
+    from hpml.v1 import (CoordinatorValidation, epoch_size, export_serving_model, make_strategy, record_input_stall,
+                         record_pipeline_schedule, standard_callbacks, write_classification_report,
+                         write_eval_metrics)
+
+    hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
+    config = fn_args.custom_config or {}
+    strategy_name = config.get("strategy", "one_device")
+    strategy = make_strategy(strategy_name)  # first: cluster strategies must precede other TF ops
+    tf_keras.utils.set_random_seed(hp["seed"])
+    tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
+    accumulation = int(hp.get("gradient_accumulation_steps", 1))
+
+    evaluation = _dataset(fn_args, fn_args.eval_files, tf_transform_output, hp["batch_size"], hp["seed"], False)
+    stats = None if TASK == "classification" else label_stats(
+        _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
+    with strategy.scope():
+        if strategy_name == "gpipe":
+            model = build_pipeline_model(tf_transform_output, hp, stats)
+            model(next(iter(evaluation))[0])  # create each stage's variables on its device, outside fit
+        else:
+            model = build_model(tf_transform_output, hp["learning_rate"], accumulation, stats)
+    os.makedirs(fn_args.model_run_dir, exist_ok=True)
+    # Steps per epoch must be known for BackupAndRestore to resume mid-epoch and for the PS
+    # coordinator; the training data then repeats and the steps mark the epoch boundaries.
+    steps, examples = fn_args.train_steps, None
+    if not steps:
+        steps, examples = epoch_size(
+            _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
+    callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
+                                   config.get("backup_save_freq", "epoch"), examples_per_epoch=examples)
+    if strategy_name == "parameter_server":
+        # The coordinator schedules steps on the workers; each worker makes its own dataset.
+        train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(
+            fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None))
+        local = build_model(tf_transform_output, hp["learning_rate"], label_stats=stats)  # evaluates, exports
+        callbacks.insert(0, CoordinatorValidation(local, evaluation, fn_args.eval_steps))
+        model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        local.set_weights([v.numpy() for v in model.weights])
+        model = local
+    else:
+        train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
+        model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
+                  validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
+        if strategy_name != "multi_worker_mirrored":  # workers would have to time their steps in lockstep
+            record_input_stall(model, train, fn_args.model_run_dir, steps=min(30, 2 * steps))
+    if strategy_name == "gpipe":
+        record_pipeline_schedule(model, next(iter(evaluation)), fn_args.model_run_dir)
+    results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
+    write_eval_metrics(fn_args.model_run_dir, results)
+    if TASK == "classification":
+        class_names = [c.decode() if isinstance(c, bytes) else c
+                       for c in tf_transform_output.vocabulary_by_name(LABEL_KEY)]
+        write_classification_report(fn_args.model_run_dir, model, evaluation, class_names, fn_args.eval_steps)
+        export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, class_names=class_names)
+    else:
+        export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, regression=True)
+'''

@@ -1,0 +1,191 @@
+"""`hpml init` on CSVs of other shapes: the files it writes, the task it picks, and real runs of what it wrote."""
+import csv
+import dataclasses
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpml.components.errors import InputDataError, SpecError
+from hpml.pipelines import scaffold
+
+HPML = [sys.executable, "-m", "hpml.pipelines.cli"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(path: Path, header: list[str], rows: list[list]) -> str:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return str(path)
+
+
+def _hpml(*args, cwd, **env):
+    return subprocess.run([*HPML, *args], capture_output=True, text=True, timeout=900, cwd=cwd,
+                          env=dict(os.environ, COLUMNS="200", **env))
+
+
+def _species_csv(path: Path, rows: int = 240) -> str:
+    """Two features only, a text label, and missing values in both features."""
+    rng = random.Random(7)
+    data = []
+    for i in range(rows):
+        kind = rng.choice(["small", "large"])
+        size = rng.gauss(1.0 if kind == "small" else 3.0, 0.3)
+        colour = rng.choice(["red", "blue"]) if kind == "small" else rng.choice(["blue", "green"])
+        data.append(["" if i % 11 == 0 else round(size, 3), "NA" if i % 13 == 0 else colour, kind])
+    return _write(path, ["size", "colour", "kind"], data)
+
+
+def _prices_csv(path: Path, rows: int = 300) -> str:
+    """Many columns (ten numbers, two texts, one always empty) and a real-valued label: a regression."""
+    rng = random.Random(3)
+    header = [f"x{i}" for i in range(10)] + ["city", "kind", "notes", "price"]
+    data = []
+    for i in range(rows):
+        xs = [round(rng.uniform(0, 10), 2) for _ in range(10)]
+        city = rng.choice(["Oslo", "Bergen", "Tromso"])
+        price = 1000 * xs[0] + 500 * xs[1] + (8000 if city == "Oslo" else 0) + 20000 + rng.gauss(0, 300)
+        data.append([*xs, city if i % 9 else "", rng.choice(["flat", "house"]), "", round(price, 2)])
+    return _write(path, header, data)
+
+
+def test_the_column_kinds_and_the_task_come_from_the_csv(tmp_path):
+    species = scaffold.profile_csv(_species_csv(tmp_path / "species.csv"), "kind")
+    assert (species.task, species.numeric, species.categorical, species.classes) == \
+        ("classification", ("size",), ("colour",), ("large", "small"))
+    prices = scaffold.profile_csv(_prices_csv(tmp_path / "prices.csv"), "price")
+    assert prices.task == "regression" and prices.numeric == tuple(f"x{i}" for i in range(10))
+    assert prices.categorical == ("city", "kind") and prices.empty == ("notes",) and prices.rows == 300
+    # Whole numbers with few values are classes; with many, or with --task, a regression.
+    few = _write(tmp_path / "few.csv", ["a", "grade"], [[i * 0.5, i % 3] for i in range(30)])
+    assert scaffold.profile_csv(few, "grade").task == "classification"
+    assert scaffold.profile_csv(few, "grade").classes == ("0", "1", "2")
+    assert scaffold.profile_csv(few, "grade", task="regression").task == "regression"
+    many = _write(tmp_path / "many.csv", ["a", "count"], [[i, i * 7] for i in range(60)])
+    assert scaffold.profile_csv(many, "count").task == "regression"
+
+
+@pytest.mark.parametrize("header, rows, label, task, error, message", [
+    (["a", "b"], [[1, 2]], "c", None, SpecError, "--label 'c' is not a column of"),
+    (["a", "label"], [[1, "x"], [2, "x"]], "label", None, InputDataError, "label 'label' has one value ('x')"),
+    (["a", "label"], [[1, "x"], [2, "y"]], "label", "regression", InputDataError, "holds text (e.g. 'x')"),
+    (["a", "label"], [[1, ""], [2, "NA"]], "label", None, InputDataError, "label 'label' has no value in any row"),
+    (["a b", "label"], [[1, "x"], [2, "y"]], "label", None, InputDataError, "column name(s) 'a b' cannot name"),
+    (["a", "a", "label"], [[1, 1, "x"]], "label", None, InputDataError, "column(s) 'a' appear more than once"),
+    (["a", "label"], [], "label", None, InputDataError, "has a header but no data rows"),
+])
+def test_a_csv_hpml_init_cannot_use_is_refused_with_the_reason(tmp_path, header, rows, label, task, error,
+                                                                message):
+    path = _write(tmp_path / "data.csv", header, rows)
+    with pytest.raises(error) as err:
+        scaffold.init_project("mine", path, label, directory=str(tmp_path), task=task)
+    assert message in str(err.value)
+    assert not (tmp_path / "mine").exists(), "nothing is written for a CSV that is refused"
+
+
+def test_a_ragged_row_is_named_by_its_line(tmp_path):
+    path = tmp_path / "ragged.csv"
+    path.write_text("a,b,label\n1,2,x\n3,4\n", encoding="utf-8")
+    with pytest.raises(InputDataError, match=r"ragged\.csv:3: expected 3 fields, got 2"):
+        scaffold.profile_csv(str(path), "label")
+
+
+def test_init_refuses_to_overwrite_and_a_bad_name(tmp_path):
+    path = _species_csv(tmp_path / "species.csv")
+    written = scaffold.init_project("species", path, "kind", directory=str(tmp_path))
+    assert sorted(written) == ["dag", "module", "pipeline"] and all(os.path.isfile(p) for p in written.values())
+    with pytest.raises(SpecError, match="already exist") as err:
+        scaffold.init_project("species", path, "kind", directory=str(tmp_path))
+    assert "--force" in err.value.hint
+    scaffold.init_project("species", path, "kind", directory=str(tmp_path), force=True)
+    for bad in ("1st", "my pipeline", "a/b", ""):
+        with pytest.raises(SpecError, match="pipeline name"):
+            scaffold.init_project(bad, path, "kind", directory=str(tmp_path))
+
+
+def test_the_penguin_example_module_is_what_hpml_init_writes_for_penguins_csv():
+    """The bundled example is the template rendered for penguins.csv (its `year` column left out)."""
+    from hpml.examples.penguin.pipeline import penguins_csv
+
+    profile = scaffold.profile_csv(penguins_csv(), "species")
+    profile = dataclasses.replace(profile, numeric=tuple(n for n in profile.numeric if n != "year"))
+    expected = scaffold.render_module(profile, "penguin", "penguins.csv")
+    assert (REPO / "examples" / "penguin" / "module.py").read_text(encoding="utf-8") == expected
+
+
+def test_hpml_init_then_hpml_run_trains_a_classifier_that_serves(tmp_path):
+    """A user's flow, by the command line: init in a folder, run from it, serve raw tf.Examples."""
+    import tensorflow as tf
+
+    work = tmp_path / "work"
+    work.mkdir()
+    data = _species_csv(work / "species.csv")
+    done = _hpml("init", "species", "--csv", data, "--label", "kind", cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert "species: classification of 'kind' (2 classes) from 1 numeric and 1 text column(s), 240 rows" in done.stdout
+    assert "next: hpml run species" in done.stdout
+    run = _hpml("run", "species", "--param", "epochs=8", "--param", "learning_rate=0.05", cwd=work,
+                HPML_DATA_ROOTS=str(tmp_path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    accuracy = float(next(line for line in run.stdout.splitlines() if line.startswith("eval: "))
+                     .split("accuracy=")[1].split()[0])
+    assert accuracy > 0.85, run.stdout
+    model_dir = next(line.split("artifacts: ")[1] for line in run.stdout.splitlines() if line.startswith("artifacts: "))
+    served = tf.saved_model.load(os.path.join(model_dir, "Trainer", "model", "Format-Serving"))
+    examples = [tf.train.Example(features=tf.train.Features(feature={
+        "size": tf.train.Feature(float_list=tf.train.FloatList(value=[size])),
+        "colour": tf.train.Feature(bytes_list=tf.train.BytesList(value=[colour.encode()]))})).SerializeToString()
+        for size, colour in ((1.0, "red"), (3.1, "green"))]
+    out = served.signatures["serving_default"](examples=tf.constant(examples))
+    assert [c.decode() for c in out["classes"].numpy()] == ["small", "large"]
+
+
+def test_a_generated_regression_pipeline_runs_locally_and_its_dag_file_loads(tmp_path, monkeypatch):
+    """More columns, an empty column and a real-valued label; the run goes through hpml.v1 as a notebook would,
+    and Airflow's DagBag imports the DAG file that init wrote into a dags_folder."""
+    import tensorflow as tf
+
+    from hpml.pipelines import records
+    from hpml.v1 import load_pipeline, run_local
+
+    monkeypatch.setenv("HPML_DATA_ROOTS", str(tmp_path))
+    data = _prices_csv(tmp_path / "prices.csv")
+    dags = tmp_path / "dags"
+    written = scaffold.init_project("prices", data, "price", directory=str(tmp_path), dags_folder=str(dags))
+    assert written["dag"] == str(dags / "prices.py")
+    pipeline = load_pipeline(written["pipeline"])
+    context = run_local(pipeline, {"epochs": 25, "learning_rate": 0.05, "batch_size": 16})
+    summary = records.load(context.mlflow_run_id)
+    assert list(summary.durations) == ["ExampleGen", "Transform", "Trainer"]
+    labels = [float(row["price"]) for row in csv.DictReader(open(data, encoding="utf-8"))]
+    spread = (sum((v - sum(labels) / len(labels)) ** 2 for v in labels) / len(labels)) ** 0.5
+    assert summary.eval_metrics["mae"] < 0.25 * spread, (summary.eval_metrics, spread)
+    served = tf.saved_model.load(os.path.join(summary.outputs["Trainer"]["model"], "Format-Serving"))
+    feature = {f"x{i}": tf.train.Feature(float_list=tf.train.FloatList(value=[5.0])) for i in range(10)}
+    feature["city"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"Oslo"]))
+    feature["kind"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"flat"]))
+    example = tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    predicted = float(served.signatures["serving_default"](examples=tf.constant([example]))["predictions"][0])
+    assert abs(predicted - (1000 * 5 + 500 * 5 + 8000 + 20000)) < spread, predicted
+
+    from hpml.pipelines.airflow import local as airflow_local
+
+    airflow_local.configure()
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(dags))
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.get_dag("prices")
+    assert [t.task_id for t in dag.tasks] == ["start_run", "ExampleGen", "Transform", "Trainer", "finish_run"]
+    assert dag.params["data_path"] == str(Path(data).resolve())
+
+
+def test_an_unknown_pipeline_names_the_ways_to_find_one(tmp_path):
+    done = _hpml("run", "nosuch", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "error: unknown pipeline 'nosuch'" in done.stderr and "hpml init nosuch --csv FILE" in done.stderr
