@@ -141,3 +141,23 @@ def test_penguin_module_refuses_a_label_with_one_class(tmp_path, penguin_csv):
     with pytest.raises(InputDataError, match=r"^label 'species': the training data holds 1 class\(es\) "
                                              r"\(Adelie\); a classifier needs at least 2$"):
         runner.run_local(PIPELINE, {"data_path": csv, "epochs": 1})
+
+
+def test_the_penguin_run_fn_trains_when_working_dir_is_none_as_tfx_trainer_leaves_it(penguin_outputs, tmp_path):
+    """TFX's Trainer sets no working_dir; the module trains and exports without backups (hpml's Trainer sets one)."""
+    from hpml.components.trainer.fn_args import FnArgs, tfxio_data_accessor
+    from hpml.examples.penguin import module
+
+    transformed = penguin_outputs["Transform"]["transformed_examples"]
+    fn_args = FnArgs(
+        working_dir=None,
+        train_files=[f"{transformed}/Split-train/*"], eval_files=[f"{transformed}/Split-eval/*"],
+        train_steps=0, eval_steps=0, schema_path=None,
+        transform_graph_path=penguin_outputs["Transform"]["transform_graph"],
+        data_accessor=tfxio_data_accessor(), serving_model_dir=str(tmp_path / "model" / "Format-Serving"),
+        eval_model_dir=str(tmp_path / "model" / "Format-TFMA"), model_run_dir=str(tmp_path / "model_run"),
+        hyperparameters={"epochs": 2}, custom_config={})
+    module.run_fn(fn_args)
+    served = tf.saved_model.load(fn_args.serving_model_dir)
+    assert "serving_default" in served.signatures
+    assert not (tmp_path / "backup").exists() and os.path.isfile(tmp_path / "model_run" / "metrics.jsonl")

@@ -397,7 +397,10 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
         # BackupAndRestore is; the coordinator reschedules a failed worker's steps itself.
         log.warning("parameter_server backs up once per epoch, not every %s steps", save_freq)
         save_freq = "epoch"
-    if strategy_name in BACKUP_CAPABLE:
+    if not fn_args.working_dir:
+        # TFX's own Trainer gives run_fn no working dir; hpml's gives a run-scoped one that survives a retry.
+        log.info("fn_args.working_dir is not set (TFX's Trainer leaves it None): this run has no backups")
+    elif strategy_name in BACKUP_CAPABLE:
         callbacks.append(BackupAndRestore(os.path.join(fn_args.working_dir, "backup"), save_freq=save_freq))
     else:
         log.warning("BackupAndRestore does not support strategy %s; this run has no backups", strategy_name)
@@ -408,7 +411,8 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
     # Under parameter servers the coordinator reschedules a failed worker's steps itself, and
     # batch-level callbacks are not allowed.
     if every_step:
-        callbacks.append(ProgressReporter(os.path.join(fn_args.working_dir, "progress")))
+        if fn_args.working_dir:
+            callbacks.append(ProgressReporter(os.path.join(fn_args.working_dir, "progress")))
         if progress_mode() == "bar":
             callbacks.append(TerminalProgress(epochs))
     return callbacks
