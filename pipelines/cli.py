@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -31,11 +32,15 @@ def _setup_logging(debug: bool, verbose: bool) -> None:
     if verbose and not debug:
         logging.getLogger("hpml").setLevel(logging.DEBUG)
     if not (verbose or debug):
-        for noisy in ("absl", "tensorflow", "apache_beam", "alembic", "mlflow", "urllib3", "h5py", "airflow"):
+        for noisy in ("absl", "tensorflow", "apache_beam", "alembic", "mlflow", "urllib3", "h5py", "airflow",
+                      "matplotlib"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
-        # MLflow and Airflow configure their own loggers when first imported, from these.
+        # MLflow configures its own logger when first imported, from this.
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-        os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
+        # Airflow logs through structlog, which stdlib levels do not reach; its own setting does.
+        os.environ.setdefault("AIRFLOW__LOGGING__NAMESPACE_LEVELS", "airflow=WARNING task=WARNING")
+        # Airflow's in-process test client warns about its own dependency on every run.
+        warnings.filterwarnings("ignore", message=".*`httpx` with `starlette.testclient` is deprecated")
     if not debug:
         logging.getLogger("apache_beam.runners.common").addFilter(_WithoutOurErrors())
 
@@ -168,6 +173,8 @@ def cmd_runs(args) -> int:
     if args.limit < 1:
         raise HpmlError(f"--limit must be at least 1, not {args.limit}", hint="e.g. hpml runs --limit 20")
     runs = records.recent(args.pipeline, args.limit)
+    if not runs and args.pipeline is not None:
+        _check_pipeline_name(args.pipeline)
     if not runs:
         console.print(f"no runs of {args.pipeline} yet" if args.pipeline else "no runs yet")
         return 0
@@ -191,6 +198,21 @@ def cmd_runs(args) -> int:
         )
     _print_table(console, table)
     return 0
+
+
+def _check_pipeline_name(name: str) -> None:
+    """A name with no runs is either a pipeline not run yet or a typo: refuse it unless it is recorded or found."""
+    from hpml.components.errors import known_names
+    from hpml.pipelines import discovery, records
+
+    recorded = set(records.pipeline_names())
+    if name in recorded:
+        return
+    try:
+        discovery.load(name)
+    except HpmlError:
+        raise HpmlError(f"unknown pipeline {name!r}",
+                        hint=known_names("pipelines", name, recorded | set(discovery.registered()))) from None
 
 
 def _print_table(console, table) -> None:

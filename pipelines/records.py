@@ -294,6 +294,11 @@ def history(mlflow_run_id: str, metric: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client().get_metric_history(mlflow_run_id, metric))
 
 
+def pipeline_names() -> list[str]:
+    """The pipelines with runs in the store (one MLflow experiment each)."""
+    return sorted(e.name for e in client().search_experiments() if e.name != "Default")
+
+
 def recent(pipeline_name: str | None = None, limit: int = 20):
     mlflow_client = client()
     experiments = mlflow_client.search_experiments()

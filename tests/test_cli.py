@@ -44,7 +44,7 @@ def test_a_plain_run_is_quiet_and_verbose_brings_the_detail_back(local_run, tmp_
     report = re.findall(r"report\.html", both)
     assert len(report) == 1, [line for line in both.splitlines() if "report.html" in line]
 
-    verbose = _hpml("--verbose", "run", "penguin", "--param", "epochs=1")
+    verbose = _hpml("--verbose", "run", "penguin", "--param", "epochs=1", HPML_HOME=str(tmp_path / "home"))
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     decisions = [line for line in verbose.stderr.splitlines() if "input pipeline: " in line]
     assert len(decisions) >= 10 and any("map_parallelism = " in line for line in decisions), decisions

@@ -204,11 +204,12 @@ def test_a_task_that_fails_once_is_retried_by_airflow_and_the_run_record_ends_fi
     naming the retried node, where they had said FAILED in Trainer."""
     from hpml.pipelines import records
 
-    dags = tmp_path / "dags"
-    dags.mkdir()
+    home = tmp_path / "home"  # its own private Airflow: HPML_HOME/airflow, whose dags folder holds the DAG
+    dags = home / "airflow" / "dags"
+    dags.mkdir(parents=True)
     module = os.path.join(os.path.dirname(__file__), "assets", "fail_once_run_fn.py")
     (dags / "penguin_retry.py").write_text(RETRY_DAG.format(module=module))
-    env = dict(os.environ, AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+    env = dict(os.environ, HPML_HOME=str(home), MLFLOW_TRACKING_URI=records.tracking_uri(),
                HPML_TASK_RETRIES="1", HPML_TASK_RETRY_DELAY_S="0")
     done = subprocess.run([sys.executable, "-c", RETRY_RUN.format(dags=str(dags))], capture_output=True, text=True,
                           timeout=600, env=env, cwd=os.path.join(os.path.dirname(__file__), ".."))

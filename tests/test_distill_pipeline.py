@@ -218,8 +218,8 @@ CRASH_ONCE = textwrap.dedent('''
     """The digits run_fn, but the first attempt dies after epoch 2 (a lost worker)."""
     import json, os
     import tf_keras
+    import hpml.v1
     from hpml.examples.distillation import module as digits_module
-    from hpml.components.trainer import callbacks
 
     class DieAfterSecondEpoch(tf_keras.callbacks.Callback):
         def __init__(self, marker):
@@ -232,16 +232,16 @@ CRASH_ONCE = textwrap.dedent('''
                 raise RuntimeError("worker lost after epoch 2")
 
     def run_fn(fn_args):
-        original = callbacks.standard_callbacks
+        original = hpml.v1.standard_callbacks  # where the module takes it from
 
         def with_crash(*args, **kwargs):
             return original(*args, **kwargs) + [DieAfterSecondEpoch(os.path.join(fn_args.working_dir, "died"))]
 
-        callbacks.standard_callbacks = with_crash
+        hpml.v1.standard_callbacks = with_crash
         try:
             digits_module.run_fn(fn_args)
         finally:
-            callbacks.standard_callbacks = original
+            hpml.v1.standard_callbacks = original
 ''')
 
 

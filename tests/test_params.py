@@ -177,3 +177,63 @@ def test_component_parameters_are_typed_and_checked():
         EXAMPLE_GEN.resolve_params({"input_path": "x", "input_format": "parquet"})
     with pytest.raises(SpecError, match="positive whole number of hash buckets"):
         EXAMPLE_GEN.resolve_params({"input_path": "x", "splits": {"train": 0}})
+
+
+FRAMEWORK_IMPORT_CHECK = '''
+import importlib, pkgutil, sys
+sys.modules["palmerpenguins"] = None  # an import of either now fails
+sys.modules["sklearn"] = None
+import hpml.components, hpml.pipelines, hpml.v1
+names = []
+for package in (hpml.components, hpml.pipelines):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if info.name.endswith(".worker"):  # a process entry point: runs a job when imported as __main__ only
+            continue
+        importlib.import_module(info.name)
+        names.append(info.name)
+for name in hpml.v1.__all__:
+    getattr(hpml.v1, name)
+print(len(names))
+'''
+
+
+def test_the_framework_imports_without_the_examples_data_packages():
+    """palmerpenguins and scikit-learn are the examples' (the `examples` extra), not the framework's."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FRAMEWORK_IMPORT_CHECK], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.strip().splitlines()[-1]) > 60
+
+
+def test_a_pipeline_brings_its_own_checks_and_path_parameters_are_confined(tmp_path, monkeypatch):
+    """Generic validation: "format": "path" confines any parameter to the data roots (its default excepted), and
+    a pipeline's own checks run after the schema, in order, and may update the values."""
+    from hpml.pipelines.dsl import Pipeline
+
+    calls = []
+
+    def positive_total(values):
+        calls.append("total")
+        if values["a"] + values["b"] <= 0:
+            raise SpecError("parameter 'b': a + b must be positive")
+
+    def doubled(values):
+        calls.append("doubled")
+        return {"b": values["b"] * 2}
+
+    schema = {"type": "object", "additionalProperties": False, "properties": {
+        "a": {"type": "integer", "default": 1}, "b": {"type": "integer", "default": 1},
+        "labels": {"type": "string", "format": "path", "default": "/opt/shipped/labels.txt"}}}
+    pipeline = Pipeline(name="custom", nodes=(), params_schema=schema, param_checks=(positive_total, doubled))
+    assert pipeline.validate({"b": 3}) == {"a": 1, "b": 6, "labels": "/opt/shipped/labels.txt"}
+    assert calls == ["total", "doubled"]
+    with pytest.raises(SpecError, match="a \\+ b must be positive"):
+        pipeline.validate({"a": -5})
+    with pytest.raises(SpecError, match="parameter 'labels': /etc/passwd is outside the allowed data roots"):
+        pipeline.validate({"labels": "/etc/passwd"})
+    monkeypatch.setenv("HPML_DATA_ROOTS", str(tmp_path))
+    assert pipeline.validate({"labels": str(tmp_path / "x.txt")})["labels"] == str(tmp_path / "x.txt")
+    with pytest.raises(SpecError, match="pipeline name 'no spaces' is invalid"):
+        Pipeline(name="no spaces", nodes=(), params_schema=schema)
