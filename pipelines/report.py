@@ -23,8 +23,7 @@ from hpml.pipelines import records
 REPORT_DIR = "report"
 REPORT_FILE = "report.html"
 CURVE_GROUPS = {
-    "curves.png": ("Loss and accuracy (or mean absolute error) per epoch",
-                   [("loss", "val_loss"), ("accuracy", "val_accuracy", "mae", "val_mae")]),
+    "curves.png": ("Loss and {metric} per epoch", [("loss", "val_loss"), ("accuracy", "val_accuracy", "mae", "val_mae")]),
     "throughput.png": ("Throughput and step time per epoch", [("examples_per_sec",), ("step_time_ms",)]),
 }
 
@@ -44,6 +43,12 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _curve_title(title: str, series: dict) -> str:
+    """A title naming the metric the run has: accuracy for a classifier, mean absolute error for a regressor."""
+    return title.format(metric="mean absolute error" if series.get("mae") and not series.get("accuracy")
+                        else "accuracy")
 
 
 def _epoch_axis(ax) -> None:
@@ -205,7 +210,7 @@ def _table(rows, header=("", "")) -> str:
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}"
          "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;"
          "text-align:left;font-size:14px}img{max-width:100%;border:1px solid #eee;margin:.5em 0}"
-         "h2{border-bottom:1px solid #ddd;padding-bottom:.2em}.bad{color:#b00}")
+         "h2{border-bottom:1px solid #ddd;padding-bottom:.2em}.bad{color:#b00}pre{white-space:pre-wrap}")
 
 
 def open_commands(data: dict) -> list[str]:
@@ -310,6 +315,7 @@ def render(data: dict, pngs: dict[str, str]) -> str:
         parts.append("<h2>Validation accuracy per model</h2>" + _img(pngs["node_curves.png"], "per-model curves"))
     for name, (title, _) in CURVE_GROUPS.items():
         if name in pngs:
+            title = _curve_title(title, data["series"])
             parts.append(f"<h2>{title}</h2>" + _img(pngs[name], title))
     parts += _input_pipeline_section(data, pngs)
     if data["gpipe"]:
@@ -345,7 +351,7 @@ def build(mlflow_run_id: str, log_to_mlflow: bool = True) -> str:
         for name, (title, panels) in CURVE_GROUPS.items():
             if any(data["series"].get(n) for panel in panels for n in panel):
                 pngs[name] = os.path.join(out, name)
-                _plot_series(data["series"], panels, title, pngs[name])
+                _plot_series(data["series"], panels, _curve_title(title, data["series"]), pngs[name])
         if data["evaluation"]:
             pngs["evaluation.png"] = os.path.join(out, "evaluation.png")
             _plot_evaluation(data["evaluation"]["rows"], pngs["evaluation.png"])
