@@ -42,7 +42,7 @@ browser:
 test: env browser
 	$(VENV)/bin/python -m pytest
 
-# Benchmarks write benchmarks/results/*.json|md (and benchmarks/distillation.md); the README quotes them.
+# Benchmarks write benchmarks/results/*.json|md (and benchmarks/distillation.md), which the docs link.
 bench: env
 	$(VENV)/bin/python benchmarks/distributed.py
 	$(VENV)/bin/python benchmarks/gpipe.py

@@ -6,7 +6,7 @@ Evaluator's rows: accuracy mean +- std over the seeds, parameters, SavedModel si
 latency per example. Then times the distilling Trainer with soft targets precomputed (the SoftTargets
 cache) against the teachers run on the fly, side by side, median of 5 runs each.
 
-Writes benchmarks/distillation.md (quoted by the README) and benchmarks/results/distillation.json,
+Writes benchmarks/distillation.md (linked from the docs) and benchmarks/results/distillation.json,
 and logs the table to an MLflow run (experiment "distillation-benchmark").
 
     python benchmarks/distillation.py [--seeds 0 1 2] [--repeats 5]
@@ -35,7 +35,8 @@ TIMING_EPOCHS = 5
 
 def _run_pipeline(seed: int) -> tuple[dict, str]:
     """One pipeline run; returns the Evaluator's results and the run directory."""
-    from hpml.pipelines import distillation, runner
+    from hpml.examples.distillation import pipeline as distillation
+    from hpml.pipelines import runner
 
     context = runner.run_local(distillation.PIPELINE, {"seed": seed})
     with open(os.path.join(context.run_dir, "Evaluator", "evaluation", "results.json"), encoding="utf-8") as f:
@@ -45,7 +46,7 @@ def _run_pipeline(seed: int) -> tuple[dict, str]:
 def _time_soft_targets(run_dir: str, repeats: int) -> dict[str, list[float]]:
     """Seconds per student epoch (median over epochs of one Trainer run), for each way to get soft targets."""
     from hpml.components.trainer import TRAINER
-    from hpml.pipelines import distillation
+    from hpml.examples.distillation import pipeline as distillation
 
     params = dict(distillation.PIPELINE.node("Student_distilled").params(
         {**_defaults(), "student_epochs": TIMING_EPOCHS}))
@@ -69,7 +70,7 @@ def _time_soft_targets(run_dir: str, repeats: int) -> dict[str, list[float]]:
 
 
 def _defaults() -> dict:
-    from hpml.pipelines import distillation
+    from hpml.examples.distillation import pipeline as distillation
     from hpml.pipelines.params import defaults
 
     return defaults(distillation.PIPELINE.params_schema)
