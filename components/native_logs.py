@@ -21,6 +21,10 @@ STARTUP_NOISE = re.compile(
     r"To enable the following instructions|TF-TRT Warning|port\.cc:\d+\] oneDNN")
 
 
+# Set to "1" by `hpml --verbose`, so that processes it starts (a cluster's workers) keep the lines too.
+VERBOSE_ENV = "HPML_VERBOSE"
+
+
 def start_tensorflow(verbose: bool = False):
     """Import TensorFlow and list its devices quietly; returns the tensorflow module. Idempotent."""
     if "tensorflow" in sys.modules:

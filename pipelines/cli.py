@@ -11,7 +11,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from hpml.components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
-from hpml.components.native_logs import start_tensorflow  # noqa: E402
+from hpml.components.native_logs import VERBOSE_ENV, start_tensorflow  # noqa: E402
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
@@ -63,6 +63,8 @@ def cmd_run(args) -> int:
 
     pipeline = discovery.load(args.pipeline)
     values = pipeline.validate(_params(pipeline, args.param))
+    if args.verbose or args.debug:
+        os.environ[VERBOSE_ENV] = "1"  # the Trainer's worker processes inherit it
     start_tensorflow(verbose=args.verbose or args.debug)
     if args.engine == "local":
         from hpml.pipelines import runner

@@ -46,7 +46,7 @@ def test_an_overflowing_validation_loss_names_the_eval_split(penguin_outputs, tm
 def test_a_diverging_cluster_is_not_restarted(penguin_outputs, tmp_path):
     """Two MWMS workers: the chief's check fails the job once, and the launcher spends no restart on it."""
     outputs = trainer_outputs(tmp_path, "cluster_diverged")
-    with pytest.raises(LaunchError, match=r"not restarted: worker-0 exited with code 2: components\.errors\."
+    with pytest.raises(LaunchError, match=r"not restarted: worker-0 exited with code 2: hpml\.components\.errors\."
                                           r"TrainingDiverged: training diverged: loss is (inf|nan) after step") as err:
         TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
             "module": DIVERGING, "num_workers": 2, "max_restarts": 2, "hyperparameters": {"learning_rate": 3.0}})

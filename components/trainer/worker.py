@@ -30,6 +30,9 @@ def main(job_path: str) -> int:
     die_with_launcher()  # first: TensorFlow's import alone takes seconds
 
     logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+    from hpml.components.native_logs import VERBOSE_ENV, start_tensorflow
+
+    start_tensorflow(verbose=os.environ.get(VERBOSE_ENV) == "1")  # without its native start-up lines
     if "://" in job_path:  # e.g. gs:// on Vertex AI
         import tensorflow as tf
 
