@@ -89,9 +89,8 @@ def cmd_run(args) -> int:
 def cmd_init(args) -> int:
     from hpml.pipelines import scaffold
 
-    written = scaffold.init_project(args.name, args.csv, args.label, directory=args.dir,
-                                    dags_folder=args.dags_folder, task=args.task, force=args.force)
-    profile = scaffold.profile_csv(args.csv, args.label, args.task)
+    profile, written = scaffold.init_project(args.name, args.csv, args.label, directory=args.dir,
+                                             dags_folder=args.dags_folder, task=args.task, force=args.force)
     classes = f" ({len(profile.classes)} classes)" if profile.classes else ""
     print(f"{args.name}: {profile.task} of {profile.label!r}{classes} from {len(profile.numeric)} numeric and "
           f"{len(profile.categorical)} text column(s), {profile.rows} rows")

@@ -179,8 +179,8 @@ def _write_all(files: dict[Path, str]) -> None:
 
 
 def init_project(name: str, csv_path: str, label: str, directory: str = ".", dags_folder: str | None = None,
-                 task: str | None = None, force: bool = False) -> dict[str, str]:
-    """Profile the CSV and write the project folder; {"pipeline"|"module"|"dag": path}."""
+                 task: str | None = None, force: bool = False) -> tuple[CsvProfile, dict[str, str]]:
+    """Profile the CSV and write the project folder: the profile, and {"pipeline"|"module"|"dag": path}."""
     check_name(name)
     profile = profile_csv(csv_path, label, task)
     folder = Path(directory).expanduser().resolve() / name
@@ -195,7 +195,7 @@ def init_project(name: str, csv_path: str, label: str, directory: str = ".", dag
     _write_all({paths["pipeline"]: render_pipeline(profile, name),
                 paths["module"]: render_module(profile, name, source),
                 paths["dag"]: dag_file_text(f"{paths['pipeline']}:PIPELINE", description)})
-    return {kind: str(path) for kind, path in paths.items()}
+    return profile, {kind: str(path) for kind, path in paths.items()}
 
 
 PIPELINE_TEMPLATE = '''"""The @NAME@ pipeline: @DESCRIPTION@

@@ -97,7 +97,7 @@ def test_a_ragged_row_is_named_by_its_line(tmp_path):
 
 def test_init_refuses_to_overwrite_and_a_bad_name(tmp_path):
     path = _species_csv(tmp_path / "species.csv")
-    written = scaffold.init_project("species", path, "kind", directory=str(tmp_path))
+    _, written = scaffold.init_project("species", path, "kind", directory=str(tmp_path))
     assert sorted(written) == ["dag", "module", "pipeline"] and all(os.path.isfile(p) for p in written.values())
     with pytest.raises(SpecError, match="already exist") as err:
         scaffold.init_project("species", path, "kind", directory=str(tmp_path))
@@ -156,7 +156,9 @@ def test_a_generated_regression_pipeline_runs_locally_and_its_dag_file_loads(tmp
     monkeypatch.setenv("HPML_DATA_ROOTS", str(tmp_path))
     data = _prices_csv(tmp_path / "prices.csv")
     dags = tmp_path / "dags"
-    written = scaffold.init_project("prices", data, "price", directory=str(tmp_path), dags_folder=str(dags))
+    profile, written = scaffold.init_project("prices", data, "price", directory=str(tmp_path),
+                                             dags_folder=str(dags))
+    assert profile.task == "regression" and profile.empty == ("notes",)
     assert written["dag"] == str(dags / "prices.py")
     pipeline = load_pipeline(written["pipeline"])
     context = run_local(pipeline, {"epochs": 25, "learning_rate": 0.05, "batch_size": 16})
