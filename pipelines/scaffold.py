@@ -465,6 +465,7 @@ def run_fn(fn_args):
     tf_keras.utils.set_random_seed(hp["seed"])
     tf_transform_output = tft.TFTransformOutput(fn_args.transform_output)
     accumulation = int(hp.get("gradient_accumulation_steps", 1))
+    eval_steps = fn_args.eval_steps or None  # 0 or None: the whole eval split
 
     evaluation = _dataset(fn_args, fn_args.eval_files, tf_transform_output, hp["batch_size"], hp["seed"], False)
     stats = None if TASK == "classification" else label_stats(
@@ -489,24 +490,24 @@ def run_fn(fn_args):
         train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(
             fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None))
         local = build_model(tf_transform_output, hp["learning_rate"], label_stats=stats)  # evaluates, exports
-        callbacks.insert(0, CoordinatorValidation(local, evaluation, fn_args.eval_steps))
+        callbacks.insert(0, CoordinatorValidation(local, evaluation, eval_steps))
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, callbacks=callbacks, verbose=0)
         local.set_weights([v.numpy() for v in model.weights])
         model = local
     else:
         train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
-                  validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
+                  validation_steps=eval_steps, callbacks=callbacks, verbose=0)
         if strategy_name != "multi_worker_mirrored":  # workers would have to time their steps in lockstep
             record_input_stall(model, train, fn_args.model_run_dir, steps=min(30, 2 * steps))
     if strategy_name == "gpipe":
         record_pipeline_schedule(model, next(iter(evaluation)), fn_args.model_run_dir)
-    results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
+    results = model.evaluate(evaluation, steps=eval_steps, verbose=0, return_dict=True)
     write_eval_metrics(fn_args.model_run_dir, results)
     if TASK == "classification":
         class_names = [c.decode() if isinstance(c, bytes) else c
                        for c in tf_transform_output.vocabulary_by_name(LABEL_KEY)]
-        write_classification_report(fn_args.model_run_dir, model, evaluation, class_names, fn_args.eval_steps)
+        write_classification_report(fn_args.model_run_dir, model, evaluation, class_names, eval_steps)
         export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, class_names=class_names)
     else:
         export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, regression=True)
