@@ -65,7 +65,8 @@ def params_schema(default_data_path: str) -> dict:
         "properties": {
             "data_path": {"type": "string", "format": "path", "minLength": 1, "default": default_data_path,
                           "title": "Data path",
-                          "description": "Digits CSV (pixel_0..pixel_63, digit). Must lie under HPML_DATA_ROOTS."},
+                          "description": "Digits CSV (pixel_0..pixel_63, digit). Another path must lie under "
+                                         "HPML_DATA_ROOTS."},
             "teacher_epochs": integer(30, 1, 1000, "Teacher epochs", "Full passes over the train split per teacher."),
             "student_epochs": integer(60, 1, 1000, "Student epochs",
                                       "Full passes for the distilled student and the one from scratch."),
