@@ -66,6 +66,15 @@ def stages_from_proto(proto) -> list[dict]:
     return list(rows.values())
 
 
+def unprofiled_reason() -> str | None:
+    """Why this TensorFlow cannot give a per-stage breakdown (get_model_proto came in TF 2.17), or None."""
+    import tensorflow as tf
+
+    if hasattr(tf.data.experimental, "get_model_proto"):
+        return None
+    return f"TensorFlow {tf.__version__} has no tf.data.experimental.get_model_proto (TF 2.17 or later has it)"
+
+
 def profile_pipeline(dataset, max_elements: int | None = None, every: int = 4) -> list[dict]:
     """Run the dataset (up to `max_elements`) and return the fullest per-stage breakdown seen."""
     import tensorflow as tf

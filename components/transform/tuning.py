@@ -42,10 +42,14 @@ def write_input_pipeline(file_pattern: str, schema, artifact_dir: str, params: M
             deterministic=params["deterministic"], ram_fraction=params["ram_fraction"],
             on_corrupt_shard=params["on_corrupt_shard"])
     input_pipeline.write_spec(spec, artifact_dir)
-    # get_model_proto reads tf.data's autotuning model, which exists only with autotune on.
-    one_pass = input_pipeline.build_dataset(dataclasses.replace(spec, autotune=True), [file_pattern], schema,
-                                            shuffle=True, num_epochs=1, seed=0)
-    breakdown = stages.write_breakdown(stages.profile_pipeline(one_pass), artifact_dir)
+    unprofiled = stages.unprofiled_reason()
+    if unprofiled:
+        breakdown = {"recommendation": f"No per-stage breakdown: {unprofiled}."}
+    else:
+        # get_model_proto reads tf.data's autotuning model, which exists only with autotune on.
+        one_pass = input_pipeline.build_dataset(dataclasses.replace(spec, autotune=True), [file_pattern], schema,
+                                                shuffle=True, num_epochs=1, seed=0)
+        breakdown = stages.write_breakdown(stages.profile_pipeline(one_pass), artifact_dir)
     for decision in spec.decisions:
         log.debug("input pipeline: %s = %s (%s)", decision["what"], decision["value"], decision["why"])
     log.debug("input pipeline: %s", breakdown["recommendation"])
