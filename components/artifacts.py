@@ -33,6 +33,9 @@ SHARD_SIZES_FILE = "shard_sizes.json"
 SERVING_MODEL_DIR = "Format-Serving"
 # The serving SavedModel's second signature (no inputs): {"class_names": [num_classes] strings}, in column order.
 CLASS_NAMES_SIGNATURE = "class_names"
+# The serving SavedModel's signature from serialized labelled raw tf.Examples to transformed features (TFMA's
+# `preprocessing_function_names`, as in TFX's own examples).
+TRANSFORM_FEATURES_SIGNATURE = "transform_features"
 # In a ModelRun: what a run_fn leaves for the run record and the report.
 EVAL_METRICS_FILE = "eval_metrics.json"  # {metric: value} on the eval split, written by `write_eval_metrics`
 CLASSIFICATION_FILE = "classification.json"  # per-class metrics and the confusion matrix of a classifier

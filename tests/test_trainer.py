@@ -126,6 +126,10 @@ def test_serving_model_takes_raw_examples(penguin_dag_run, penguin_outputs):
     recorded = penguin_dag_run["summary"].eval_metrics["accuracy"]
     assert accuracy == pytest.approx(recorded, abs=1e-6), "serving must compute what training evaluated"
     assert accuracy > 0.8
+    # TFX's Evaluator reads the transformed label (the vocabulary id) through transform_features.
+    transformed = model.signatures["transform_features"](examples=tf.constant(raw))
+    vocabulary = [name.encode() for name in model.signatures["class_names"]()["class_names"].numpy().astype(str)]
+    assert [vocabulary[i] for i in transformed["species"].numpy()] == labels
 
 
 def test_penguin_module_refuses_a_label_with_one_class(tmp_path, penguin_csv):

@@ -1,8 +1,10 @@
 """Export a Keras model as a SavedModel whose serving signature takes serialized raw tf.Examples.
 
 The transform graph runs inside the exported model, so clients send raw features exactly as
-ExampleGen wrote them, and TFX's Evaluator and Pusher can use the Model artifact. With class
-names, a second signature returns them in column order.
+ExampleGen wrote them, and TFX's Evaluator and Pusher can use the Model artifact. A
+`transform_features` signature returns the transformed features, label included, so TFX's
+Evaluator (TFMA) can read a transformed label through `preprocessing_function_names`. With class
+names, another signature returns them in column order.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import os
 
 import tensorflow as tf
 
-from hpml.components.artifacts import CLASS_NAMES_SIGNATURE, EVAL_METRICS_FILE
+from hpml.components.artifacts import CLASS_NAMES_SIGNATURE, EVAL_METRICS_FILE, TRANSFORM_FEATURES_SIGNATURE
 
 
 def write_eval_metrics(model_run_dir: str, metrics: dict) -> None:
@@ -44,7 +46,14 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
             outputs["classes"] = tf.gather(names, outputs["class_ids"])
         return outputs
 
-    signatures = {"serving_default": serve_tf_examples}
+    full_spec = tf_transform_output.raw_feature_spec()
+
+    @tf.function(input_signature=[tf.TensorSpec(shape=[None], dtype=tf.string, name="examples")])
+    def transform_features(serialized):
+        """The transformed features of labelled raw examples, as the Trainer saw them."""
+        return model.tft_layer(tf.io.parse_example(serialized, full_spec))
+
+    signatures = {"serving_default": serve_tf_examples, TRANSFORM_FEATURES_SIGNATURE: transform_features}
     if class_names:
         @tf.function(input_signature=[])
         def class_names_by_column():
