@@ -76,6 +76,39 @@ def test_hpml_and_tfx_1_21_co_resolve_on_python_3_11(wheel, tmp_path):
 
 
 @pytest.mark.resolution
+def test_hpml_and_tfx_1_16_co_resolve_on_python_3_10(wheel, tmp_path):
+    """TFX 1.16 (Python 3.10, TF 2.16) is the newest TFX for glibc 2.36 machines; its pins must stay as TFX set them."""
+    done = _compile([f"hpml[kubernetes,vertex,examples] @ {wheel.as_uri()}", "tfx[kfp]==1.16.0"], "3.10",
+                    "x86_64-manylinux_2_28", tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pins = _pins(tmp_path)
+    assert pins["tfx"] == "1.16.0" and pins["tensorflow"].startswith("2.16.")
+    assert pins["tensorflow-transform"].startswith("1.16.") and pins["ml-metadata"].startswith("1.16.")
+
+
+def test_the_tfx_environment_pins_satisfy_hpml_s_own_ranges():
+    """tests/tfx/requirements.txt (the TFX 1.16 environment) is compiled from pyproject.toml: a range changed since
+    must be compiled again (`make tfx-requirements`)."""
+    from packaging.requirements import Requirement
+
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for extra in ("kubernetes", "vertex", "examples")
+               for r in project["optional-dependencies"][extra]]
+    pins = {}
+    for line in (REPO / "tests" / "tfx" / "requirements.txt").read_text().splitlines():
+        name, sep, version = line.partition("==")
+        if sep:
+            pins[name.strip().lower()] = version.strip()
+    for requirement in wanted:
+        name = requirement.name.lower()
+        assert name in pins, f"{name} is missing from tests/tfx/requirements.txt"
+        assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} vs {requirement}"
+
+
+@pytest.mark.resolution
 def test_tfx_1_21_and_airflow_3_cannot_share_an_environment_whatever_hpml_does(tmp_path):
     """Why Airflow is an extra: TFX 1.21's ml-metadata pins attrs<24 and every Airflow 3 needs attrs>=24.2."""
     done = _compile(["tfx==1.21.0", "apache-airflow>=3.1,<4"], "3.11", "x86_64-manylinux_2_39", tmp_path)
