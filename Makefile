@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # `make run` keeps its state (artifacts, run records, the local Airflow) in the checkout, not in ~/.local/share.
 export HPML_HOME ?= $(CURDIR)/.hpml
 
-.PHONY: env browser run test bench bench-input clean
+.PHONY: env browser run test test-tfx tfx-requirements bench bench-input clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -41,6 +41,29 @@ browser:
 
 test: env browser
 	$(VENV)/bin/python -m pytest
+	@$(MAKE) --no-print-directory test-tfx
+
+# TFX conformance: hpml's components and modules inside a real TFX 1.16, which needs Python 3.10 (TFX 1.17 and
+# later need glibc 2.39). The environment is .venv-tfx, pinned by tests/tfx/requirements.txt, with hpml editable.
+# The first Python 3.10 that runs: pyenv's (developer and CI machines), else python3.10 on the PATH.
+PYTHON310 ?= $(shell for p in $$(ls -d $$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)/versions/3.10.*/bin/python 2>/dev/null) \
+  $$(command -v python3.10); do $$p -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && echo $$p && break; done)
+TFX_VENV := .venv-tfx
+$(TFX_VENV)/.synced: tests/tfx/requirements.txt pyproject.toml setup.py | $(UV)
+	@rm -rf $(TFX_VENV) && $(UV) venv --quiet --seed --python $(PYTHON310) $(TFX_VENV)
+	@$(UV) pip sync --quiet --python $(TFX_VENV)/bin/python tests/tfx/requirements.txt
+	@$(UV) pip install --quiet --python $(TFX_VENV)/bin/python --no-deps --compile-bytecode -e .
+	@touch $@
+
+test-tfx:
+	@if [ -z "$(PYTHON310)" ]; then \
+	  echo "TFX conformance tests not run: no Python 3.10 here (TFX 1.16 needs it; set PYTHON310=/path/to/python3.10)"; \
+	else $(MAKE) --no-print-directory $(TFX_VENV)/.synced && $(TFX_VENV)/bin/python -m pytest -p no:cacheprovider -W ignore::FutureWarning -W ignore::DeprecationWarning tests/tfx; fi
+
+# After changing a dependency range in pyproject.toml: pin the TFX 1.16 environment again.
+tfx-requirements: $(UV)
+	$(UV) pip compile --quiet --no-header --no-annotate --python-version 3.10 --python-platform x86_64-manylinux_2_28 \
+	  pyproject.toml --extra kubernetes --extra vertex --extra examples tests/tfx/requirements.in -o tests/tfx/requirements.txt
 
 # Benchmarks write benchmarks/results/*.json|md (and benchmarks/distillation.md), which the docs link.
 bench: env
@@ -55,4 +78,4 @@ bench-input: env
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 
 clean:
-	rm -rf .hpml $(VENV) $(TOOLS)
+	rm -rf .hpml $(VENV) $(TFX_VENV) $(TOOLS)

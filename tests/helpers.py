@@ -2,6 +2,12 @@
 `conftest`, so `from tests.conftest import ...` would run it a second time, and a second run starts a new
 session HPML_HOME in the middle of the session."""
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 TINY_EPOCHS = 3  # epochs of the shared penguin DAG run
 
 
@@ -21,3 +27,17 @@ def trainer_inputs(pipeline_outputs) -> dict:
 def trainer_outputs(tmp_path, name: str) -> dict:
     """Fresh Model and ModelRun URIs under tmp_path/name."""
     return {"model": str(tmp_path / name / "model"), "model_run": str(tmp_path / name / "model_run")}
+
+
+def doc_blocks(path: Path, language: str) -> list[str]:
+    """The fenced code blocks of a doc in `language` ("" for plain blocks)."""
+    return re.findall(rf"```{language}\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
+
+
+def quickstart_csv(folder: Path) -> Path:
+    """Runs the quickstart's own CSV generator (the heredoc in its step 2) in `folder`."""
+    step = next(block for block in doc_blocks(REPO / "docs" / "quickstart.md", "") if "customers.csv" in block
+                and "<<'EOF'" in block)
+    script = step.split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0]
+    subprocess.run([sys.executable, "-c", script], cwd=folder, check=True)
+    return folder / "customers.csv"

@@ -7,25 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import doc_blocks, quickstart_csv
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
-def _blocks(path: Path, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
-
-
-def _quickstart_csv(folder: Path) -> Path:
-    """Runs the quickstart's own CSV generator (the heredoc in its step 2) in `folder`."""
-    step = next(block for block in _blocks(REPO / "docs" / "quickstart.md", "") if "customers.csv" in block
-                and "<<'EOF'" in block)
-    script = step.split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0]
-    subprocess.run([sys.executable, "-c", script], cwd=folder, check=True)
-    return folder / "customers.csv"
-
-
 def test_the_quickstart_init_prints_what_the_quickstart_shows(tmp_path):
-    data = _quickstart_csv(tmp_path)
+    data = quickstart_csv(tmp_path)
     done = subprocess.run([sys.executable, "-m", "hpml.pipelines.cli", "init", "churn", "--csv", str(data),
                            "--label", "churned"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -41,10 +30,10 @@ def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch):
     from hpml.pipelines import records, scaffold
 
     (tmp_path / "data").mkdir()
-    os.replace(_quickstart_csv(tmp_path), tmp_path / "data" / "churn.csv")
+    os.replace(quickstart_csv(tmp_path), tmp_path / "data" / "churn.csv")
     scaffold.init_project("churn", str(tmp_path / "data" / "churn.csv"), "churned", directory=str(tmp_path))
     example = tmp_path / "example.py"
-    example.write_text(_blocks(REPO / "README.md", "python")[0], encoding="utf-8")
+    example.write_text(doc_blocks(REPO / "README.md", "python")[0], encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     before = {run.info.run_id for run in records.recent("churn", 50)}
     runpy.run_path(str(example), run_name="__main__")
