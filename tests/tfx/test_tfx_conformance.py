@@ -214,7 +214,15 @@ def test_hpml_transform_and_trainer_run_as_tfx_components_between_tfx_s_own(tmp_
                                strategy="mirrored", hyperparameters={"epochs": 10, "batch_size": 32})
     evaluator, pusher = _evaluator_and_pusher(example_gen.outputs["examples"], trainer.outputs["model"],
                                               tmp_path / "serving")
-    database = _run("mixed", tmp_path, [example_gen, statistics, schema, transform, trainer, evaluator, pusher])
+    # The same Trainer as a GPipe schedule over two stages, and as two worker processes from the local launcher.
+    transformed = {"examples": transform.outputs["transformed_examples"],
+                   "transform_graph": transform.outputs["transform_graph"]}
+    gpipe = hpml_tfx.Trainer(**transformed, module=module, strategy="gpipe",
+                             hyperparameters={"epochs": 2, "pipeline_stages": 2, "micro_batches": 4}).with_id("GPipe")
+    workers = hpml_tfx.Trainer(**transformed, module=module, strategy="multi_worker_mirrored", num_workers=2,
+                               hyperparameters={"epochs": 2}).with_id("TwoWorkers")
+    database = _run("mixed", tmp_path, [example_gen, statistics, schema, transform, trainer, evaluator, pusher,
+                                        gpipe, workers])
 
     store = _store(database)
     assert _blessed(store)
@@ -228,12 +236,63 @@ def test_hpml_transform_and_trainer_run_as_tfx_components_between_tfx_s_own(tmp_
     assert Path(input_pipeline.uri, INPUT_PIPELINE_SPEC_FILE).is_file()
     (transformed,) = [a for a in store.get_artifacts_by_type("Examples") if "transformed" in a.uri]
     assert json.loads(transformed.properties["split_names"].string_value) == ["eval", "train"]
-    (model,) = store.get_artifacts_by_type("Model")
-    properties = json.loads(model.custom_properties[hpml_tfx.PROPERTIES_KEY].string_value)
-    assert properties["plan"]["strategy"] == "mirrored"
-    assert len(properties["history"]) == 10
+    properties = {}
+    for model in store.get_artifacts_by_type("Model"):
+        producer = Path(model.uri).parts[-3]  # <pipeline_root>/<component id>/model/<execution id>
+        properties[producer] = json.loads(model.custom_properties[hpml_tfx.PROPERTIES_KEY].string_value)
+    assert properties["Trainer"]["plan"]["strategy"] == "mirrored" and len(properties["Trainer"]["history"]) == 10
+    assert properties["GPipe"]["gpipe"]["num_stages"] == 2 and len(properties["GPipe"]["history"]) == 2
+    assert properties["TwoWorkers"]["plan"]["strategy"] == "multi_worker_mirrored"
+    assert properties["TwoWorkers"]["plan"]["cluster"]["workers"] == 2 and properties["TwoWorkers"]["launch"]["restarts"] == 0
+    assert len(properties["TwoWorkers"]["history"]) == 2
     examples, labels = _raw_examples(data, "species", PENGUIN_RAW_TYPES)
     assert _accuracy_of_served_classes(_pushed_model_dir(store), examples, labels) > 0.9
+
+
+def test_every_hpml_component_runs_in_a_tfx_pipeline_that_distils_two_teachers(tmp_path):
+    """hpml's ExampleGen -> Transform -> two teacher Trainers -> SoftTargets -> a distilled student Trainer ->
+    hpml's Evaluator, on LocalDagRunner; several Models reach one input through a channel union, in order."""
+    from tfx.types.channel import union
+
+    from hpml.examples.distillation.pipeline import LABEL, MODULE, PIXELS, digits_csv, ensure_digits_csv
+
+    def hyperparameters(hidden, seed):
+        return {"hidden": hidden, "epochs": 4, "batch_size": 64, "seed": seed, "dropout": 0.0,
+                "shift_augment": False, "learning_rate": 0.01, "activation": "relu"}
+
+    example_gen = hpml_tfx.ExampleGen(input_path=ensure_digits_csv(digits_csv()), required_columns=[LABEL],
+                                      numeric_columns=[LABEL, *PIXELS])
+    transform = hpml_tfx.Transform(examples=example_gen.outputs["examples"], schema=example_gen.outputs["schema"],
+                                   module=MODULE)
+    transformed = {"examples": transform.outputs["transformed_examples"],
+                   "transform_graph": transform.outputs["transform_graph"]}
+    teachers = [hpml_tfx.Trainer(**transformed, module=MODULE, hyperparameters=hyperparameters([128, 128], i))
+                .with_id(f"Teacher_{i}") for i in range(2)]
+    teacher_models = union([t.outputs["model"] for t in teachers])
+    soft_targets = hpml_tfx.SoftTargets(**transformed, teachers=teacher_models, label_key=LABEL, temperature=4.0)
+    student = hpml_tfx.Trainer(examples=soft_targets.outputs["soft_target_examples"],
+                               transform_graph=transform.outputs["transform_graph"], teachers=teacher_models,
+                               module=MODULE, hyperparameters=hyperparameters([16], 0), mode="distill",
+                               temperature=4.0, alpha=0.5, soft_targets="precomputed").with_id("Student")
+    evaluator = hpml_tfx.Evaluator(
+        examples=example_gen.outputs["examples"],
+        models=union([*[t.outputs["model"] for t in teachers], student.outputs["model"]]),
+        label_key=LABEL, model_names=["teacher_0", "teacher_1", "student"],
+        ensembles={"ensemble": ["teacher_0", "teacher_1"]}, latency_repeats=1)
+    database = _run("distillation", tmp_path, [example_gen, transform, *teachers, soft_targets, student, evaluator])
+
+    store = _store(database)
+    (evaluation,) = store.get_artifacts_by_type("ModelEvaluation")
+    rows = {row["name"]: row for row in json.loads(Path(evaluation.uri, "results.json").read_text())["rows"]}
+    assert list(rows) == ["teacher_0", "teacher_1", "ensemble", "student"]
+    # In the order given: the two wide teachers first, the narrow student last.
+    assert rows["teacher_0"]["params"] == rows["teacher_1"]["params"] > 10 * rows["student"]["params"]
+    assert all(row["accuracy"] > 0.8 for row in rows.values()), rows
+    (student_model,) = [m for m in store.get_artifacts_by_type("Model") if "/Student/" in m.uri]
+    distillation = json.loads(student_model.custom_properties[hpml_tfx.PROPERTIES_KEY].string_value)["distillation"]
+    assert distillation["temperature"] == 4.0 and len(distillation["teachers"]) == 2
+    (soft,) = [a for a in store.get_artifacts_by_type("Examples") if "/SoftTargets/" in a.uri]
+    assert json.loads(soft.properties["split_names"].string_value) == ["eval", "train"]
 
 
 def test_a_pipeline_of_hpml_components_compiles_for_vertex_ai_pipelines(tmp_path):
