@@ -162,6 +162,35 @@ def test_a_module_hpml_init_writes_runs_in_tfx_s_own_transform_and_trainer_and_t
     assert metrics["accuracy"] > 0.9
 
 
+def test_the_bundled_distillation_module_runs_in_tfx_s_own_transform_and_trainer(tmp_path):
+    """The digits module (teacher or student, by its hyperparameters) as TFX's module_file; without teachers in
+    its FnArgs it trains a plain model, and the pushed model serves raw tf.Examples."""
+    import shutil
+
+    from hpml.examples.distillation.pipeline import LABEL, PIXELS, digits_csv, ensure_digits_csv
+
+    (tmp_path / "data").mkdir()
+    data = Path(shutil.copy(ensure_digits_csv(digits_csv()), tmp_path / "data" / "digits.csv"))
+    module = str(REPO / "examples" / "distillation" / "module.py")
+    example_gen = tfx.components.CsvExampleGen(input_base=str(data.parent))
+    statistics = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    schema = tfx.components.SchemaGen(statistics=statistics.outputs["statistics"])
+    transform = tfx.components.Transform(examples=example_gen.outputs["examples"], schema=schema.outputs["schema"],
+                                         module_file=module)
+    trainer = tfx.components.Trainer(
+        module_file=module, examples=transform.outputs["transformed_examples"],
+        transform_graph=transform.outputs["transform_graph"], schema=schema.outputs["schema"],
+        train_args=tfx.proto.TrainArgs(num_steps=0), eval_args=tfx.proto.EvalArgs(num_steps=0))
+    pusher = tfx.components.Pusher(
+        model=trainer.outputs["model"], push_destination=tfx.proto.PushDestination(
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=str(tmp_path / "serving"))))
+    store = _store(_run("digits_module_in_tfx", tmp_path,
+                        [example_gen, statistics, schema, transform, trainer, pusher]))
+
+    examples, labels = _raw_examples(data, LABEL, {name: "int" for name in PIXELS})
+    assert _accuracy_of_served_classes(_pushed_model_dir(store), examples, labels) > 0.9
+
+
 def test_tfx_s_own_penguin_module_trains_in_hpml_s_trainer_and_serves(tmp_path):
     """tfx/examples/penguin/penguin_utils_keras.py, unchanged, as the module of hpml's Transform and Trainer, on
     TFX's penguin columns (culmen_*, an integer species)."""
