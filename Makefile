@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # `make run` keeps its state (artifacts, run records, the local Airflow) in the checkout, not in ~/.local/share.
 export HPML_HOME ?= $(CURDIR)/.hpml
 
-.PHONY: env browser run test test-tfx tfx-requirements bench bench-input clean
+.PHONY: env browser run test test-tfx tfx-requirements bench bench-input bench-e2e clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -44,14 +44,14 @@ test: env browser
 	@$(MAKE) --no-print-directory test-tfx
 
 # TFX conformance: hpml's components and modules inside a real TFX 1.16, which needs Python 3.10 (TFX 1.17 and
-# later need glibc 2.39). The environment is .venv-tfx, pinned by tests/tfx/requirements.txt, with hpml editable.
+# later need glibc 2.39). The environment is .venv-tfx, pinned by infra/tfx-1.16-requirements.txt, with hpml editable.
 # The first Python 3.10 that runs: pyenv's (developer and CI machines), else python3.10 on the PATH.
 PYTHON310 ?= $(shell for p in $$(ls -d $$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)/versions/3.10.*/bin/python 2>/dev/null) \
   $$(command -v python3.10); do $$p -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && echo $$p && break; done)
 TFX_VENV := .venv-tfx
-$(TFX_VENV)/.synced: tests/tfx/requirements.txt pyproject.toml setup.py | $(UV)
+$(TFX_VENV)/.synced: infra/tfx-1.16-requirements.txt pyproject.toml setup.py | $(UV)
 	@rm -rf $(TFX_VENV) && $(UV) venv --quiet --seed --python $(PYTHON310) $(TFX_VENV)
-	@$(UV) pip sync --quiet --python $(TFX_VENV)/bin/python tests/tfx/requirements.txt
+	@$(UV) pip sync --quiet --python $(TFX_VENV)/bin/python infra/tfx-1.16-requirements.txt
 	@$(UV) pip install --quiet --python $(TFX_VENV)/bin/python --no-deps --compile-bytecode -e .
 	@touch $@
 
@@ -63,7 +63,7 @@ test-tfx:
 # After changing a dependency range in pyproject.toml: pin the TFX 1.16 environment again.
 tfx-requirements: $(UV)
 	$(UV) pip compile --quiet --no-header --no-annotate --python-version 3.10 --python-platform x86_64-manylinux_2_28 \
-	  pyproject.toml --extra kubernetes --extra vertex --extra examples tests/tfx/requirements.in -o tests/tfx/requirements.txt
+	  pyproject.toml --extra kubernetes --extra vertex --extra examples infra/tfx-1.16-requirements.in -o infra/tfx-1.16-requirements.txt
 
 # Benchmarks write benchmarks/results/*.json|md (and benchmarks/distillation.md), which the docs link.
 bench: env
@@ -72,6 +72,13 @@ bench: env
 	$(VENV)/bin/python benchmarks/distillation.py
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 	$(VENV)/bin/python benchmarks/callbacks.py
+	$(MAKE) --no-print-directory bench-e2e
+
+# The penguin pipeline on TFX 1.16, hpml's local engine and hpml's Airflow engine (about 20 minutes on 2 cores).
+bench-e2e: env
+	@test -n "$(PYTHON310)" || { echo "bench-e2e needs a Python 3.10 for TFX 1.16 (set PYTHON310)" >&2; exit 1; }
+	@$(MAKE) --no-print-directory $(TFX_VENV)/.synced
+	$(VENV)/bin/python benchmarks/end_to_end.py
 
 # The input pipeline benchmark alone (B1-B3; about 30 minutes on 2 cores).
 bench-input: env

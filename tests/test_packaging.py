@@ -87,8 +87,8 @@ def test_hpml_and_tfx_1_16_co_resolve_on_python_3_10(wheel, tmp_path):
 
 
 def test_the_tfx_environment_pins_satisfy_hpml_s_own_ranges():
-    """tests/tfx/requirements.txt (the TFX 1.16 environment) is compiled from pyproject.toml: a range changed since
-    must be compiled again (`make tfx-requirements`)."""
+    """infra/tfx-1.16-requirements.txt (the TFX 1.16 environment) is compiled from pyproject.toml: a range changed
+    since must be compiled again (`make tfx-requirements`)."""
     from packaging.requirements import Requirement
 
     import tomllib
@@ -98,13 +98,13 @@ def test_the_tfx_environment_pins_satisfy_hpml_s_own_ranges():
     wanted += [Requirement(r) for extra in ("kubernetes", "vertex", "examples")
                for r in project["optional-dependencies"][extra]]
     pins = {}
-    for line in (REPO / "tests" / "tfx" / "requirements.txt").read_text().splitlines():
+    for line in (REPO / "infra" / "tfx-1.16-requirements.txt").read_text().splitlines():
         name, sep, version = line.partition("==")
         if sep:
             pins[name.strip().lower()] = version.strip()
     for requirement in wanted:
         name = requirement.name.lower()
-        assert name in pins, f"{name} is missing from tests/tfx/requirements.txt"
+        assert name in pins, f"{name} is missing from infra/tfx-1.16-requirements.txt"
         assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} vs {requirement}"
 
 
