@@ -130,14 +130,9 @@ def _upstream_executions(store, artifact_id: int) -> set[str]:
     return found
 
 
-def test_a_module_hpml_init_writes_runs_in_tfx_s_own_transform_and_trainer_and_the_pushed_model_serves(tmp_path):
-    """CsvExampleGen -> StatisticsGen -> SchemaGen -> TFX Transform and Trainer with the module `hpml init` writes
-    for penguins.csv (TFX's FnArgs: working_dir None, train_steps None, custom_config) -> Evaluator -> Pusher."""
-    from hpml.pipelines import scaffold
-
-    data = _cleaned_penguins(tmp_path / "data")
-    _, written = scaffold.init_project("penguins", str(data), "species", directory=str(tmp_path / "project"))
-    module = written["module"]
+def _tfx_transform_and_trainer(data: Path, module: str, **trainer_args) -> list:
+    """TFX's own CsvExampleGen, StatisticsGen, SchemaGen, Transform and Trainer, with `module` as the module_file
+    of the last two; TrainArgs and EvalArgs of 0 steps (a pass over the data)."""
     example_gen = tfx.components.CsvExampleGen(input_base=str(data.parent))
     statistics = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
     schema = tfx.components.SchemaGen(statistics=statistics.outputs["statistics"])
@@ -146,12 +141,22 @@ def test_a_module_hpml_init_writes_runs_in_tfx_s_own_transform_and_trainer_and_t
     trainer = tfx.components.Trainer(
         module_file=module, examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"], schema=schema.outputs["schema"],
-        train_args=tfx.proto.TrainArgs(num_steps=0), eval_args=tfx.proto.EvalArgs(num_steps=0),
-        custom_config={"strategy": "mirrored"})
+        train_args=tfx.proto.TrainArgs(num_steps=0), eval_args=tfx.proto.EvalArgs(num_steps=0), **trainer_args)
+    return [example_gen, statistics, schema, transform, trainer]
+
+
+def test_a_module_hpml_init_writes_runs_in_tfx_s_own_transform_and_trainer_and_the_pushed_model_serves(tmp_path):
+    """CsvExampleGen -> StatisticsGen -> SchemaGen -> TFX Transform and Trainer with the module `hpml init` writes
+    for penguins.csv (TFX's FnArgs: working_dir None, train_steps None, custom_config) -> Evaluator -> Pusher."""
+    from hpml.pipelines import scaffold
+
+    data = _cleaned_penguins(tmp_path / "data")
+    _, written = scaffold.init_project("penguins", str(data), "species", directory=str(tmp_path / "project"))
+    components = _tfx_transform_and_trainer(data, written["module"], custom_config={"strategy": "mirrored"})
+    example_gen, trainer = components[0], components[-1]
     evaluator, pusher = _evaluator_and_pusher(example_gen.outputs["examples"], trainer.outputs["model"],
                                               tmp_path / "serving")
-    database = _run("hpml_module_in_tfx", tmp_path,
-                    [example_gen, statistics, schema, transform, trainer, evaluator, pusher])
+    database = _run("hpml_module_in_tfx", tmp_path, [*components, evaluator, pusher])
 
     store = _store(database)
     assert _blessed(store)
@@ -171,21 +176,11 @@ def test_the_bundled_distillation_module_runs_in_tfx_s_own_transform_and_trainer
 
     (tmp_path / "data").mkdir()
     data = Path(shutil.copy(ensure_digits_csv(digits_csv()), tmp_path / "data" / "digits.csv"))
-    module = str(REPO / "examples" / "distillation" / "module.py")
-    example_gen = tfx.components.CsvExampleGen(input_base=str(data.parent))
-    statistics = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    schema = tfx.components.SchemaGen(statistics=statistics.outputs["statistics"])
-    transform = tfx.components.Transform(examples=example_gen.outputs["examples"], schema=schema.outputs["schema"],
-                                         module_file=module)
-    trainer = tfx.components.Trainer(
-        module_file=module, examples=transform.outputs["transformed_examples"],
-        transform_graph=transform.outputs["transform_graph"], schema=schema.outputs["schema"],
-        train_args=tfx.proto.TrainArgs(num_steps=0), eval_args=tfx.proto.EvalArgs(num_steps=0))
+    components = _tfx_transform_and_trainer(data, str(REPO / "examples" / "distillation" / "module.py"))
     pusher = tfx.components.Pusher(
-        model=trainer.outputs["model"], push_destination=tfx.proto.PushDestination(
+        model=components[-1].outputs["model"], push_destination=tfx.proto.PushDestination(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=str(tmp_path / "serving"))))
-    store = _store(_run("digits_module_in_tfx", tmp_path,
-                        [example_gen, statistics, schema, transform, trainer, pusher]))
+    store = _store(_run("digits_module_in_tfx", tmp_path, [*components, pusher]))
 
     examples, labels = _raw_examples(data, LABEL, {name: "int" for name in PIXELS})
     assert _accuracy_of_served_classes(_pushed_model_dir(store), examples, labels) > 0.9
