@@ -9,7 +9,7 @@ URIs. Imported only where `tfx` is installed.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any
 
 from tfx import types
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
@@ -63,8 +63,10 @@ class HpmlExecutor(base_executor.BaseExecutor):
         spec = self.SPEC
         inputs: dict[str, Any] = {}
         for name, given in input_dict.items():
-            if given:
-                inputs[name] = [a.uri for a in given] if name in spec.list_inputs else artifact_utils.get_single_uri(given)
+            if given and name in spec.list_inputs:
+                inputs[name] = [a.uri for a in given]
+            elif given:
+                inputs[name] = artifact_utils.get_single_uri(given)
         produced = {name: artifact_utils.get_single_instance(output_dict[output_key(spec, name)])
                     for name in spec.outputs}
         params = {name: json.loads(value) for name, value in exec_properties.items()
@@ -124,6 +126,3 @@ Transform = _register(TRANSFORM, "hpml's Transform: tf.Transform over Examples, 
 Trainer = _register(TRAINER, "hpml's Trainer: run_fn under a planned strategy, GPipe, distillation or a launcher.")
 SoftTargets = _register(SOFT_TARGETS, "hpml's SoftTargets: teacher predictions cached beside the examples.")
 Evaluator = _register(EVALUATOR, "hpml's Evaluator: accuracy, latency and size of several Models on raw Examples.")
-
-COMPONENTS: Mapping[str, type[base_component.BaseComponent]] = {
-    c.__name__: c for c in (ExampleGen, Transform, Trainer, SoftTargets, Evaluator)}

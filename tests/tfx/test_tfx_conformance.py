@@ -266,9 +266,9 @@ def test_hpml_transform_and_trainer_run_as_tfx_components_between_tfx_s_own(tmp_
         properties[producer] = json.loads(model.custom_properties[hpml_tfx.PROPERTIES_KEY].string_value)
     assert properties["Trainer"]["plan"]["strategy"] == "mirrored" and len(properties["Trainer"]["history"]) == 10
     assert properties["GPipe"]["gpipe"]["num_stages"] == 2 and len(properties["GPipe"]["history"]) == 2
-    assert properties["TwoWorkers"]["plan"]["strategy"] == "multi_worker_mirrored"
-    assert properties["TwoWorkers"]["plan"]["cluster"]["workers"] == 2 and properties["TwoWorkers"]["launch"]["restarts"] == 0
-    assert len(properties["TwoWorkers"]["history"]) == 2
+    two_workers = properties["TwoWorkers"]
+    assert two_workers["plan"]["strategy"] == "multi_worker_mirrored" and two_workers["plan"]["cluster"]["workers"] == 2
+    assert two_workers["launch"]["restarts"] == 0 and len(two_workers["history"]) == 2
     examples, labels = _raw_examples(data, "species", PENGUIN_RAW_TYPES)
     assert _accuracy_of_served_classes(_pushed_model_dir(store), examples, labels) > 0.9
 
