@@ -326,14 +326,14 @@ def test_a_pipeline_of_hpml_components_compiles_for_vertex_ai_pipelines(tmp_path
     from kfp.pipeline_spec import pipeline_spec_pb2
     from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
 
-    example_gen = hpml_tfx.ExampleGen(input_path="gs://bucket/penguins.csv", required_columns=["species"])
+    example_gen = hpml_tfx.ExampleGen(input_path="/mnt/shared/penguins.csv", required_columns=["species"])
     transform = hpml_tfx.Transform(examples=example_gen.outputs["examples"], schema=example_gen.outputs["schema"],
                                    module="hpml.examples.penguin.module")
     trainer = hpml_tfx.Trainer(examples=transform.outputs["transformed_examples"],
                                transform_graph=transform.outputs["transform_graph"],
                                input_pipeline=transform.outputs["input_pipeline"],
                                module="hpml.examples.penguin.module", strategy="mirrored")
-    pipeline = tfx.dsl.Pipeline(pipeline_name="penguin-vertex", pipeline_root="gs://bucket/root",
+    pipeline = tfx.dsl.Pipeline(pipeline_name="penguin-vertex", pipeline_root="/mnt/shared/root",
                                 components=[example_gen, transform, trainer])
     runner = kubeflow_v2_dag_runner.KubeflowV2DagRunner(
         config=kubeflow_v2_dag_runner.KubeflowV2DagRunnerConfig(default_image="europe-docker.pkg.dev/p/hpml:0.2"),
