@@ -58,7 +58,7 @@ $(TFX_VENV)/.synced: infra/tfx-1.16-requirements.txt pyproject.toml setup.py | $
 test-tfx:
 	@if [ -z "$(PYTHON310)" ]; then \
 	  echo "TFX conformance tests not run: no Python 3.10 here (TFX 1.16 needs it; set PYTHON310=/path/to/python3.10)"; \
-	else $(MAKE) --no-print-directory $(TFX_VENV)/.synced && $(TFX_VENV)/bin/python -m pytest -p no:cacheprovider -W ignore::FutureWarning -W ignore::DeprecationWarning tests/tfx; fi
+	else $(MAKE) --no-print-directory $(TFX_VENV)/.synced && $(TFX_VENV)/bin/python -m pytest -p no:cacheprovider -W ignore::FutureWarning -W ignore::DeprecationWarning tests/tfx_conformance; fi
 
 # After changing a dependency range in pyproject.toml: pin the TFX 1.16 environment again.
 tfx-requirements: $(UV)

@@ -5,13 +5,17 @@ before anything imports airflow or mlflow.
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import os
 import sys
 import tempfile
 
-# tests/tfx runs in the TFX 1.16 environment (`make test-tfx`); the main environment has no tfx.
-collect_ignore = [] if importlib.util.find_spec("tfx") else ["tfx"]
+# tests/tfx_conformance runs in the TFX 1.16 environment (`make test-tfx`); the main environment has no tfx.
+try:
+    importlib.metadata.distribution("tfx")
+    collect_ignore = []
+except importlib.metadata.PackageNotFoundError:
+    collect_ignore = ["tfx_conformance"]
 
 if "conftest" in sys.modules and "tests.conftest" in sys.modules:
     raise ImportError("tests/conftest.py was imported a second time (as tests.conftest), which would start a new "
