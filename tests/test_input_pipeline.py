@@ -13,6 +13,7 @@ from tensorflow_transform.tf_metadata import schema_utils
 
 from hpml.components import artifacts, input_pipeline
 from hpml.components.errors import InputDataError, SpecError
+from hpml.components.input_pipeline import dataset as dataset_module
 from hpml.components.input_pipeline import Measurements, autotune_spec, build_dataset, naive_spec, stages, tune
 from hpml.components.input_pipeline.shards import explain_read_error
 from hpml.components.input_pipeline.stall import describe_stall, measure_input_stall
@@ -245,6 +246,70 @@ def test_gathering_a_window_in_slices_yields_exactly_the_whole_window_permutatio
             np.testing.assert_array_equal(x, want_x)
             np.testing.assert_array_equal(labels, want_labels)
             assert tags == want_tags
+
+
+def _endless_batches(spec, shards, count, **kwargs):
+    dataset = build_dataset(spec, [os.path.join(shards, "*.gz")], SCHEMA, label_key="label", **kwargs)
+    return [(features["id"].numpy(), features["x"].numpy(), label.numpy()) for features, label in dataset.take(count)]
+
+
+def test_an_endless_read_cuts_the_batches_a_finite_read_cuts(tuned, shards):
+    """An endless cached read cuts its batches from blocks of many batches: the same batches, in order."""
+    spec = dataclasses.replace(tuned, cache="memory", shuffle_buffer=4 * tuned.parse_batch_size, first_epoch_window=0,
+                               measurements={**tuned.measurements, "est_records": 900})
+    assert not dataset_module._held_whole(spec, True, None)
+    per_block = dataset_module.BLOCK_ROWS // 30
+    count = 5 * 900 // 30  # past the first block
+    assert count > per_block
+    endless = _endless_batches(spec, shards, count, batch_size=30, shuffle=True, seed=6, num_epochs=None)
+    finite = _endless_batches(spec, shards, count, batch_size=30, shuffle=True, seed=6, num_epochs=5)
+    assert len(endless) == len(finite) == count
+    for (ids, x, labels), (want_ids, want_x, want_labels) in zip(endless, finite):
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(x, want_x)
+        np.testing.assert_array_equal(labels, want_labels)
+
+
+def test_small_data_held_whole_gives_each_epoch_a_fresh_full_permutation(tuned, shards):
+    spec = dataclasses.replace(tuned, cache="memory", shuffle_buffer=900, first_epoch_window=0,
+                               measurements={**tuned.measurements, "est_records": 900})
+    assert dataset_module._held_whole(spec, True, None)
+    epochs_per_element = dataset_module._epochs_per_element(spec)
+    count = (epochs_per_element + 2) * 900 // 32  # into the second element of whole epochs
+    batches = _endless_batches(spec, shards, count, batch_size=32, shuffle=True, seed=3, num_epochs=None)
+    assert all(len(ids) == 32 for ids, *_ in batches)
+    ids = np.concatenate([ids for ids, *_ in batches])
+    for ids_, x, labels in batches:  # each record's features and label stay together
+        np.testing.assert_array_equal(labels, ids_ % 3)
+        np.testing.assert_allclose(x, np.stack([ids_, ids_ * 0.5, -ids_], axis=1))
+    every_id = sorted(_ids(spec, shards, shuffle=False).tolist())
+    epochs = ids[:len(ids) // 900 * 900].reshape(-1, 900)
+    assert len(epochs) > epochs_per_element
+    for epoch in epochs:
+        assert sorted(epoch.tolist()) == every_id
+    for previous, epoch in zip(epochs, epochs[1:]):
+        assert (previous != epoch).mean() > 0.9
+    again = _endless_batches(spec, shards, count, batch_size=32, shuffle=True, seed=3, num_epochs=None)
+    np.testing.assert_array_equal(np.concatenate([ids for ids, *_ in again]), ids)
+    other = _endless_batches(spec, shards, 28, batch_size=32, shuffle=True, seed=4, num_epochs=None)
+    assert (np.concatenate([ids for ids, *_ in other]) != ids[:28 * 32]).mean() > 0.9
+
+
+def test_small_data_with_a_sparse_feature_held_whole_keeps_every_row(tuned, tagged_shards):
+    spec = dataclasses.replace(tuned, schema_fingerprint=input_pipeline.schema_fingerprint(TAGGED_SCHEMA),
+                               cache="memory", parse_batch_size=16, shuffle_buffer=210, first_epoch_window=0,
+                               measurements={**tuned.measurements, "est_records": 210})
+    assert dataset_module._held_whole(spec, True, None)
+    dataset = build_dataset(spec, [os.path.join(tagged_shards, "*.gz")], TAGGED_SCHEMA, label_key="label",
+                            batch_size=10, shuffle=True, seed=4, num_epochs=None)
+    batches = [(f["id"].numpy(), tf.RaggedTensor.from_sparse(f["tags"]).to_list(), label.numpy())
+               for f, label in dataset.take(63)]  # 3 epochs of 210
+    ids = np.concatenate([ids for ids, *_ in batches])
+    for epoch in ids.reshape(3, 210):
+        assert len(set(epoch.tolist())) == 210
+    for batch_ids, tags, labels in batches:
+        np.testing.assert_array_equal(labels, batch_ids % 3)
+        assert tags == [[record] * (record % 4) for record in batch_ids.tolist()]
 
 
 def test_nondeterministic_tuned_yields_the_same_multiset(tuned, shards):

@@ -2,7 +2,8 @@
 
 The order of operations is fixed here so that every spec, tuned or baseline, yields the same
 elements: chunks of records per shard -> [parse -> cache] -> shuffle chunks -> repeat -> permute
-windows of chunks -> batch -> [parse] -> label -> prefetch. The expensive parse (and any
+windows of chunks -> batch -> [parse] -> label -> prefetch. An endless cached stream of dense rows is
+batched in blocks that are prefetched whole and sliced into batches as the consumer asks. The expensive parse (and any
 transform) runs before the cache; `post_cache`, a map that grows memory, runs after it.
 """
 from __future__ import annotations
@@ -217,6 +218,7 @@ def assemble(
     seed = seed if seed is not None else random.randrange(2**31)
     parallel = _calls(spec.map_parallelism)
     in_order = _ordered(parallel, deterministic)
+    blocks_prefetched = False
 
     def parse(records, batched: bool):
         parsed = parse_batch(records) if batched else parse_one(records)
@@ -241,16 +243,24 @@ def assemble(
         packer = DensePacker()
         parsed = chunks.map(lambda r: _maybe_pack(packer, parse(r, True)), num_parallel_calls=parallel,
                             deterministic=in_order)
-        if spec.cache == "memory":
-            parsed = parsed.cache()
+        finish = lambda unit: split_label(packer.unpack(unit) if packer.layout else unit)  # noqa: E731
+        if _held_whole(spec, shuffle, num_epochs):
+            units = _whole_epochs(parsed, seed, _epochs_per_element(spec), finish)
         else:
-            if not cache_location:
-                raise SpecError("the spec caches on disk but no cache location was given")
-            parsed = parsed.snapshot(cache_location)
-        units = _shuffle_and_repeat(
-            parsed, spec, shuffle, num_epochs, seed, parallel=parallel, in_order=in_order,
-            finish=lambda unit: split_label(packer.unpack(unit) if packer.layout else unit))
-        batches = units.rebatch(batch_size)
+            if spec.cache == "memory":
+                parsed = parsed.cache()
+            else:
+                if not cache_location:
+                    raise SpecError("the spec caches on disk but no cache location was given")
+                parsed = parsed.snapshot(cache_location)
+            units = _shuffle_and_repeat(parsed, spec, shuffle, num_epochs, seed, parallel=parallel,
+                                        in_order=in_order, finish=finish)
+        if num_epochs is None and _all_dense(units.element_spec):
+            # Without post_cache the blocks take the prefetch; each batch is then only a slice.
+            blocks_prefetched = post_cache is None and spec.prefetch != 0
+            batches = _cut_from_blocks(units, batch_size, spec.prefetch if blocks_prefetched else 0)
+        else:
+            batches = units.rebatch(batch_size)
     else:
         records = _shuffle_and_repeat(chunks, spec, shuffle, num_epochs, seed, parallel=parallel, in_order=in_order)
         if spec.vectorized_parse:
@@ -262,9 +272,78 @@ def assemble(
             ).batch(batch_size).map(split_label)
     if post_cache is not None:
         batches = batches.map(post_cache, num_parallel_calls=parallel, deterministic=in_order)
-    if spec.prefetch != 0:
+    if spec.prefetch != 0 and not blocks_prefetched:
         batches = batches.prefetch(tf.data.AUTOTUNE if spec.prefetch == AUTOTUNE else spec.prefetch)
     return batches.with_options(dataset_options(spec, deterministic))
+
+
+BLOCK_ROWS = 4096  # rows cut into batches at a time on the warm path of a repeated, cached dataset
+
+
+def _held_whole(spec: InputPipelineSpec, shuffle: bool, num_epochs) -> bool:
+    """Whether an endless shuffled read keeps the whole data set as one element in memory.
+
+    That is the spec's own plan for small data: a memory cache and one window, the first epoch's
+    included, covering every record. Drawing many epochs' permutations at once then spares each
+    epoch the window machinery's fixed cost (on penguin's 217 rows, ~0.5 ms of CPU per epoch of 7 batches).
+    """
+    records = spec.measurements.get("est_records") or 0
+    first_window = spec.first_epoch_window or spec.shuffle_buffer
+    return (spec.cache == "memory" and shuffle and num_epochs is None and 0 < records <= BLOCK_ROWS
+            and records <= spec.shuffle_buffer <= first_window)
+
+
+def _epochs_per_element(spec: InputPipelineSpec) -> int:
+    return max(1, BLOCK_ROWS // max(1, spec.measurements.get("est_records") or 1))
+
+
+def _whole_epochs(parsed, seed, epochs: int, finish: Callable):
+    """Endless epochs over parsed chunks joined into one cached element, each epoch a full permutation.
+
+    Each element holds `epochs` epochs, each permuted from (seed, epoch number), so the order is
+    reproducible and every epoch differs from the last.
+    """
+    import tensorflow as tf
+
+    whole = parsed.rebatch(2**62).cache()  # one element: every record, in the order read
+
+    def permuted(data, first_epoch):
+        rows = _rows(data)
+        draws = tf.random.stateless_uniform(
+            [epochs, rows], seed=tf.stack([tf.cast(seed, tf.int64), first_epoch]), dtype=tf.float32)
+        order = tf.reshape(tf.argsort(draws, axis=1, stable=True), [-1])
+        return finish(_take(data, tf.cast(order, tf.int64)))
+
+    return tf.data.Dataset.zip(whole.repeat(), tf.data.Dataset.range(0, 2**62, epochs)).map(permuted)
+
+
+def _all_dense(element_spec) -> bool:
+    import tensorflow as tf
+
+    return all(isinstance(s, tf.TensorSpec) and s.shape[1:].is_fully_defined()
+               for s in tf.nest.flatten(element_spec, expand_composites=False))
+
+
+def _cut_from_blocks(units, batch_size: int, prefetch: int):
+    """Batches of an endless stream of dense rows, cut from blocks of `BLOCK_ROWS` rows.
+
+    A block is joined (and prefetched) as one element; the batches are then slices of it, taken on
+    the consumer's thread, so each step pays for a slice rather than a join, a thread hand-off and a
+    buffer (measured on penguin, 217 rows, a 0.7 ms step: 13% of the step against none). The batches
+    and their order are those of `rebatch(batch_size)`: an endless stream has no short last batch.
+    """
+    import tensorflow as tf
+
+    per_block = max(1, BLOCK_ROWS // batch_size)
+
+    def as_batches(*block):  # a tuple element (features, label) arrives as two arguments
+        return tf.nest.map_structure(lambda t: tf.reshape(t, [per_block, batch_size, *t.shape[1:].as_list()]),
+                                     block if len(block) > 1 else block[0])
+
+    blocks = units.rebatch(per_block * batch_size, drop_remainder=True).map(as_batches)
+    if prefetch != 0:
+        blocks = blocks.prefetch(tf.data.AUTOTUNE if prefetch == AUTOTUNE else -(-prefetch // per_block))
+    return blocks.unbatch()
 
 
 def _maybe_pack(packer: DensePacker, parsed):
