@@ -223,21 +223,26 @@ def child_b2(spec_path: str, folder: str, variant: str, examples: int, barrier: 
             "peak_rss_mib": peak_rss_mib()}
 
 
-def child_b3(spec_path: str, folder: str, variant: str, examples: int) -> dict:
-    """Runs in its own process: a tf_keras MLP trained from the pipeline, and the input stall."""
+def b3_model():
+    """B3's consumer: a compiled tf_keras MLP 16-256-256-2 reading the matrix `x`."""
     import tf_keras
 
+    inputs = tf_keras.Input((B2_FEATURES,), name="x")
+    hidden = tf_keras.layers.Dense(256, activation="relu")(tf_keras.layers.Dense(256, activation="relu")(inputs))
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(hidden))
+    model.compile(tf_keras.optimizers.Adam(1e-3), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def child_b3(spec_path: str, folder: str, variant: str, examples: int) -> dict:
+    """Runs in its own process: a tf_keras MLP trained from the pipeline, and the input stall."""
     from hpml.components.input_pipeline import InputPipelineSpec
     from hpml.components.input_pipeline.stall import measure_input_stall
 
     spec = _variant_spec(InputPipelineSpec.from_json(open(spec_path).read()), variant)
     dataset = _dataset(spec, folder, None, transform_fn=transform_to_matrix)
     twin = _dataset(spec, folder, None, transform_fn=transform_to_matrix)  # same batches, its own cache
-    inputs = tf_keras.Input((B2_FEATURES,), name="x")
-    hidden = tf_keras.layers.Dense(256, activation="relu")(tf_keras.layers.Dense(256, activation="relu")(inputs))
-    model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(hidden))
-    model.compile(tf_keras.optimizers.Adam(1e-3),
-                  tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = b3_model()
     model.fit(twin, steps_per_epoch=5, epochs=1, verbose=0)  # build and trace
     epoch = -(-examples // B2_BATCH)
     # The first epoch, reading the files (the twin fills the memory feed, so `dataset` is still

@@ -270,6 +270,27 @@ def test_an_endless_read_cuts_the_batches_a_finite_read_cuts(tuned, shards):
         np.testing.assert_array_equal(labels, want_labels)
 
 
+def test_a_var_len_feature_is_cut_from_blocks_and_comes_out_sparse(tuned, tagged_shards):
+    """A variable-length feature travels ragged through the cache, shuffle and cut, and is sparse again per batch."""
+    spec = dataclasses.replace(tuned, schema_fingerprint=input_pipeline.schema_fingerprint(TAGGED_SCHEMA),
+                               cache="memory", parse_batch_size=16, shuffle_buffer=48, first_epoch_window=0,
+                               measurements={**tuned.measurements, "est_records": 210})
+
+    def batches(num_epochs):
+        dataset = build_dataset(spec, [os.path.join(tagged_shards, "*.gz")], TAGGED_SCHEMA, label_key="label",
+                                batch_size=10, shuffle=True, seed=8, num_epochs=num_epochs)
+        assert isinstance(dataset.element_spec[0]["tags"], tf.SparseTensorSpec)
+        return [(f["id"].numpy(), tf.RaggedTensor.from_sparse(f["tags"]).to_list(), label.numpy())
+                for f, label in dataset.take(21 * 25)]
+
+    endless, finite = batches(None), batches(25)  # 25 epochs of 210: past the first block of 4096 rows
+    assert len(endless) == len(finite) == 21 * 25
+    for (ids, tags, labels), (want_ids, want_tags, want_labels) in zip(endless, finite):
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(labels, want_labels)
+        assert tags == want_tags == [[record] * (record % 4) for record in ids.tolist()]
+
+
 def test_small_data_held_whole_gives_each_epoch_a_fresh_full_permutation(tuned, shards):
     spec = dataclasses.replace(tuned, cache="memory", shuffle_buffer=900, first_epoch_window=0,
                                measurements={**tuned.measurements, "est_records": 900})

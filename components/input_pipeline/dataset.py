@@ -37,11 +37,14 @@ class DensePacker:
 
     Cached, shuffled elements then carry a few tensors instead of one per feature, which is
     what per-element cost in tf.data scales with. The layout is read from static shapes when
-    the packing map is traced; anything not dense with a static shape passes through as is.
+    the packing map is traced. Variable-length features (2-D sparse) travel as ragged tensors,
+    which gather and cut into batches row by row as dense ones do, and turn sparse again once
+    batched (`sparse_again`); anything else passes through as is.
     """
 
     def __init__(self):
         self.layout: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        self.ragged: set[str] = set()
 
     def pack(self, features: dict) -> dict:
         import tensorflow as tf
@@ -54,6 +57,9 @@ class DensePacker:
                 shape = tuple(value.shape[1:])
                 self.layout.setdefault(value.dtype.name, []).append((name, shape))
                 groups.setdefault(value.dtype.name, []).append(tf.reshape(value, [tf.shape(value)[0], -1]))
+            elif isinstance(value, tf.SparseTensor) and value.shape.rank == 2:
+                self.ragged.add(name)
+                passthrough[name] = tf.RaggedTensor.from_sparse(value)
             else:
                 passthrough[name] = value
         packed = {f"__packed_{dtype}": tf.concat(parts, axis=1) for dtype, parts in groups.items()}
@@ -68,6 +74,20 @@ class DensePacker:
             for (name, shape), part in zip(fields, tf.split(batch[f"__packed_{dtype}"], sizes, axis=1)):
                 features[name] = tf.reshape(part, [-1, *shape])
         return features
+
+    def sparse_again(self, label_key: str | None):
+        """A map from batches of unpacked (features[, label]) to batches whose var-len features are sparse."""
+
+        def sparse(features: dict) -> dict:
+            return {k: v.to_sparse() if k in self.ragged else v for k, v in features.items()}
+
+        def restore(*element):
+            if len(element) == 1:
+                return sparse(element[0])
+            features, label = element
+            return sparse(features), label.to_sparse() if label_key in self.ragged else label
+
+        return restore
 
 
 def dataset_options(spec: InputPipelineSpec, deterministic: bool):
@@ -105,10 +125,12 @@ def _take(window, rows):
 def _rows(structure):
     import tensorflow as tf
 
-    if not isinstance(structure, dict):
-        return tf.shape(structure)[0]
-    first = next(iter(structure.values()))
-    return first.dense_shape[0] if isinstance(first, tf.SparseTensor) else tf.shape(first)[0]
+    first = next(iter(structure.values())) if isinstance(structure, dict) else structure
+    if isinstance(first, tf.SparseTensor):
+        return first.dense_shape[0]
+    if isinstance(first, tf.RaggedTensor):
+        return first.nrows()
+    return tf.shape(first)[0]
 
 
 def _with_order(window, key):
@@ -255,12 +277,14 @@ def assemble(
                 parsed = parsed.snapshot(cache_location)
             units = _shuffle_and_repeat(parsed, spec, shuffle, num_epochs, seed, parallel=parallel,
                                         in_order=in_order, finish=finish)
-        if num_epochs is None and _all_dense(units.element_spec):
+        if num_epochs is None and _cuttable(units.element_spec):
             # Without post_cache the blocks take the prefetch; each batch is then only a slice.
             blocks_prefetched = post_cache is None and spec.prefetch != 0
             batches = _cut_from_blocks(units, batch_size, spec.prefetch if blocks_prefetched else 0)
         else:
             batches = units.rebatch(batch_size)
+        if packer.ragged:
+            batches = batches.map(packer.sparse_again(label_key))
     else:
         records = _shuffle_and_repeat(chunks, spec, shuffle, num_epochs, seed, parallel=parallel, in_order=in_order)
         if spec.vectorized_parse:
@@ -317,15 +341,20 @@ def _whole_epochs(parsed, seed, epochs: int, finish: Callable):
     return tf.data.Dataset.zip(whole.repeat(), tf.data.Dataset.range(0, 2**62, epochs)).map(permuted)
 
 
-def _all_dense(element_spec) -> bool:
+def _cuttable(element_spec) -> bool:
+    """Whether every component can be cut into batches by reshaping: dense, or ragged in its second axis only."""
     import tensorflow as tf
 
-    return all(isinstance(s, tf.TensorSpec) and s.shape[1:].is_fully_defined()
-               for s in tf.nest.flatten(element_spec, expand_composites=False))
+    def cuttable(spec):
+        if isinstance(spec, tf.TensorSpec):
+            return spec.shape[1:].is_fully_defined()
+        return isinstance(spec, tf.RaggedTensorSpec) and spec.ragged_rank == 1 and spec.shape.rank == 2
+
+    return all(cuttable(s) for s in tf.nest.flatten(element_spec, expand_composites=False))
 
 
 def _cut_from_blocks(units, batch_size: int, prefetch: int):
-    """Batches of an endless stream of dense rows, cut from blocks of `BLOCK_ROWS` rows.
+    """Batches of an endless stream of dense (or ragged) rows, cut from blocks of `BLOCK_ROWS` rows.
 
     A block is joined (and prefetched) as one element; the batches are then slices of it, taken on
     the consumer's thread, so each step pays for a slice rather than a join, a thread hand-off and a
@@ -336,9 +365,13 @@ def _cut_from_blocks(units, batch_size: int, prefetch: int):
 
     per_block = max(1, BLOCK_ROWS // batch_size)
 
+    def cut(value):
+        if isinstance(value, tf.RaggedTensor):
+            return tf.RaggedTensor.from_uniform_row_length(value, batch_size)
+        return tf.reshape(value, [per_block, batch_size, *value.shape[1:].as_list()])
+
     def as_batches(*block):  # a tuple element (features, label) arrives as two arguments
-        return tf.nest.map_structure(lambda t: tf.reshape(t, [per_block, batch_size, *t.shape[1:].as_list()]),
-                                     block if len(block) > 1 else block[0])
+        return tf.nest.map_structure(cut, block if len(block) > 1 else block[0])
 
     blocks = units.rebatch(per_block * batch_size, drop_remainder=True).map(as_batches)
     if prefetch != 0:
