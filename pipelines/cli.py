@@ -254,7 +254,7 @@ def cmd_report(args) -> int:
     return 0
 
 
-BENCHMARKS = ("distributed", "gpipe", "distillation", "input_pipeline", "callbacks", "end_to_end")
+BENCHMARKS = ("distributed", "gpipe", "distillation", "input_pipeline", "input_peers", "callbacks", "end_to_end")
 
 
 def cmd_bench(args) -> int:
