@@ -386,6 +386,7 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
                        save_freq: int | str = "epoch", examples_per_epoch: int | None = None) -> list:
     """A divergence check, BackupAndRestore (under every strategy that supports it), TensorBoard, per-epoch
     metrics, progress. `examples_per_epoch`, where known, keeps a short last batch from inflating examples/s."""
+    from hpml.components.trainer.resume import backup_dir
     from hpml.components.trainer.strategies import BACKUP_CAPABLE, is_chief
 
     _warn_of_one_short_batch(batch_size, examples_per_epoch)
@@ -401,7 +402,11 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
         # TFX's own Trainer gives run_fn no working dir; hpml's gives a run-scoped one that survives a retry.
         log.info("fn_args.working_dir is not set (TFX's Trainer leaves it None): this run has no backups")
     elif strategy_name in BACKUP_CAPABLE:
-        callbacks.append(BackupAndRestore(os.path.join(fn_args.working_dir, "backup"), save_freq=save_freq))
+        # The backup outlives fit: the Trainer removes the working dir once the model is published. A process
+        # killed between the end of fit and the publish then resumes with nothing left to train; deleted at the
+        # end of fit, as tf_keras does by default, the retry trained every epoch again from scratch.
+        callbacks.append(BackupAndRestore(backup_dir(fn_args.working_dir), save_freq=save_freq,
+                                          delete_checkpoint=False))
     else:
         log.warning("BackupAndRestore does not support strategy %s; this run has no backups", strategy_name)
     callbacks += [

@@ -83,7 +83,8 @@ def run_fn(fn_args):
     import tf_keras
 
     from hpml.v1 import (build_distiller, distillation_config, distillation_schema, epoch_size, export_serving_model,
-                         make_strategy, standard_callbacks, student_for_serving, write_eval_metrics)
+                         make_strategy, resume_training_data, standard_callbacks, student_for_serving,
+                         write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -99,6 +100,7 @@ def run_fn(fn_args):
     train = _dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], True, None)
     if hp["shift_augment"]:
         train = train.map(lambda f, y: _shift_batch(f, y, int(hp["seed"])))
+    train = resume_training_data(train, fn_args)  # a resumed run reads on from where its backup was taken
     steps, examples = fn_args.train_steps, None
     if not steps:
         steps, examples = epoch_size(_dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], False))

@@ -196,8 +196,8 @@ def run_fn(fn_args):
     import tf_keras
 
     from hpml.v1 import (CoordinatorValidation, epoch_size, export_serving_model, make_strategy, record_input_stall,
-                         record_pipeline_schedule, standard_callbacks, write_classification_report,
-                         write_eval_metrics)
+                         record_pipeline_schedule, resume_training_data, standard_callbacks,
+                         write_classification_report, write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -236,7 +236,9 @@ def run_fn(fn_args):
         local.set_weights([v.numpy() for v in model.weights])
         model = local
     else:
-        train = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
+        train = resume_training_data(  # a resumed run reads on from where its backup was taken
+            _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None),
+            fn_args)
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
                   validation_steps=eval_steps, callbacks=callbacks, verbose=0)
         if strategy_name != "multi_worker_mirrored":  # workers would have to time their steps in lockstep

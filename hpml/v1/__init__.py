@@ -45,6 +45,7 @@ _EXPORTS = {
     "is_chief": "hpml.components.trainer.strategies:is_chief",
     "standard_callbacks": "hpml.components.trainer.callbacks:standard_callbacks",
     "epoch_size": "hpml.components.trainer.callbacks:epoch_size",
+    "resume_training_data": "hpml.components.trainer.resume:resume_training_data",
     "CoordinatorValidation": "hpml.components.trainer.callbacks:CoordinatorValidation",
     "record_input_stall": "hpml.components.input_pipeline.stall:record_input_stall",
     "export_serving_model": "hpml.components.trainer.export:export_serving_model",

@@ -191,16 +191,19 @@ class LocalLauncher:
 
     def _watch_recovery(self, report, before, failed_at, progress_dir):
         """Once the restarted chief moves past its resume point, record steps lost and recovery time."""
+        # A failure before the chief's first progress (during start-up) cost no steps; without this, its
+        # recovery was only noticed when training ended, and counted the whole rest of the run.
+        before = before or {"step": 0, "pid": None}
+
         def watch():
             while True:
                 now = read_progress(progress_dir)
                 resumed = (now or {}).get("resumed_from_step")
-                if now and before and now.get("pid") != before.get("pid") and resumed is not None \
-                        and now["step"] > resumed:
+                if now and now.get("pid") != before.get("pid") and resumed is not None and now["step"] > resumed:
                     report.steps_lost += max(before["step"] - now["resumed_from_step"], 0)
                     report.recovery_seconds.append(time.perf_counter() - failed_at)
                     return
-                if now and now.get("event") == "end" and now.get("pid") != (before or {}).get("pid"):
+                if now and now.get("event") == "end" and now.get("pid") != before.get("pid"):
                     report.recovery_seconds.append(time.perf_counter() - failed_at)
                     return
                 time.sleep(0.05)
