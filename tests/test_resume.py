@@ -112,11 +112,13 @@ def _kill_workers_at_random(work: str, rng: random.Random, kills: int) -> tuple[
 
 
 def test_mwms_workers_killed_at_random_moments_end_with_the_uninterrupted_weights(penguin_outputs, tmp_path):
+    """Read through Transform's tuned input pipeline (the one-process test reads through TFXIO)."""
     params = dict(PARAMS, num_workers=2, max_restarts=KILLS + 1)
+    inputs = dict(trainer_inputs(penguin_outputs), input_pipeline=penguin_outputs["Transform"]["input_pipeline"])
     whole, killed = trainer_outputs(tmp_path, "whole"), trainer_outputs(tmp_path, "killed")
-    TRAINER.run(trainer_inputs(penguin_outputs), whole, params)
+    TRAINER.run(inputs, whole, params)
     thread, kills = _kill_workers_at_random(killed["model"] + ".work", random.Random(43), KILLS)
-    result = TRAINER.run(trainer_inputs(penguin_outputs), killed, params)
+    result = TRAINER.run(inputs, killed, params)
     thread.join(timeout=5)
     assert len(kills) == KILLS, kills
     assert result["launch"]["restarts"] == KILLS
@@ -143,7 +145,7 @@ def _trainer_process(inputs, outputs, params, log) -> subprocess.Popen:
 
 def test_one_process_killed_at_random_moments_and_retried_ends_with_the_uninterrupted_weights(penguin_outputs,
                                                                                                tmp_path):
-    """As Airflow retries a Trainer task whose process died: the same outputs, run again."""
+    """As Airflow retries a Trainer task whose process died: the same outputs, run again. Read through TFXIO."""
     inputs, params = trainer_inputs(penguin_outputs), dict(PARAMS, strategy="one_device")
     whole, killed = trainer_outputs(tmp_path, "whole"), trainer_outputs(tmp_path, "killed")
     work = killed["model"] + ".work"
