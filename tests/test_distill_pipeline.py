@@ -136,6 +136,34 @@ def test_soft_target_cache_holds_the_teachers_averaged_softened_outputs(distill_
     np.testing.assert_allclose(cached.sum(axis=1), 1.0, rtol=1e-5)
 
 
+def test_soft_targets_in_two_beam_processes_write_the_in_process_output(distill_run, tmp_path):
+    """Beam's multi-process runner (two SDK worker processes, each loading the teachers) writes the soft targets
+    the DAG's in-process run wrote, to float32 rounding: the teachers may see other batches."""
+    outputs = distill_run["outputs"]
+    cache = str(tmp_path / "soft_targets")
+    SOFT_TARGETS.run({"examples": outputs["Transform"]["transformed_examples"],
+                      "transform_graph": outputs["Transform"]["transform_graph"],
+                      "teachers": [outputs[f"Teacher_{i}"]["model"] for i in range(3)]},
+                     {"examples": cache},
+                     {"label_key": "digit", "temperature": CONF["temperature"],
+                      "beam_pipeline_args": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]})
+
+    def rows(folder, split):
+        files = glob.glob(os.path.join(folder, f"Split-{split}", "*.gz"))
+        examples = [tf.train.Example.FromString(r.numpy())
+                    for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+        table = [[*e.features.feature["pixels"].float_list.value, *e.features.feature["digit"].int64_list.value,
+                  *e.features.feature["soft_targets"].float_list.value] for e in examples]
+        return np.array(sorted(table, key=lambda row: [round(v, 4) for v in row[:65]]))
+
+    for split in ("train", "eval"):
+        got, want = rows(cache, split), rows(outputs["SoftTargets"]["examples"], split)
+        assert got.shape == want.shape and len(got) > 100
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert json.load(open(os.path.join(cache, "soft_targets.json"))) == \
+        json.load(open(os.path.join(outputs["SoftTargets"]["examples"], "soft_targets.json")))
+
+
 def _trainer_inputs(outputs, examples=None, teachers=None):
     inputs = {"examples": examples or outputs["Transform"]["transformed_examples"],
               "transform_graph": outputs["Transform"]["transform_graph"]}
