@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # `make run` keeps its state (artifacts, run records, the local Airflow) in the checkout, not in ~/.local/share.
 export HPML_HOME ?= $(CURDIR)/.hpml
 
-.PHONY: env browser run test test-tfx tfx-requirements bench bench-input bench-e2e clean
+.PHONY: env browser postgres run test test-tfx tfx-requirements bench bench-input bench-e2e clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -39,7 +39,14 @@ browser:
 	@test -x $(CHROMIUM) || { echo "installing Debian's chromium for the browser test"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
-test: env browser
+# The deployment test starts Debian's PostgreSQL in a folder of its own (never a downloaded one); install it when
+# missing.
+POSTGRES := $(firstword $(wildcard /usr/lib/postgresql/*/bin/pg_ctl))
+postgres:
+	@test -n "$(POSTGRES)" || { echo "installing Debian's postgresql for the deployment test"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+
+test: env browser postgres
 	$(VENV)/bin/python -m pytest
 	@$(MAKE) --no-print-directory test-tfx
 

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -57,7 +58,10 @@ def _experiment_id(mlflow_client, name: str) -> str:
     experiment = mlflow_client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    location = (hpml_home() / "mlartifacts" / name).as_uri()
+    # A local store keeps artifacts under HPML_HOME; a tracking server puts them in its own artifact store, where
+    # every machine reads them (a local path here would leave them on whichever machine created the experiment).
+    local = urllib.parse.urlparse(tracking_uri()).scheme in ("", "file", "sqlite")
+    location = (hpml_home() / "mlartifacts" / name).as_uri() if local else None
     try:
         return mlflow_client.create_experiment(name, artifact_location=location)
     except Exception:  # noqa: BLE001 - a concurrent run created it first

@@ -1,4 +1,4 @@
-"""A real Airflow on loopback for browser tests: api-server, scheduler and dag-processor on SQLite.
+"""A real Airflow on loopback: api-server, scheduler and dag-processor, on SQLite unless told another database.
 
 Started as separate processes in their own AIRFLOW_HOME, exactly as `airflow standalone` would,
 but with a known admin password, a free port and the project's dags/ folder.
@@ -61,8 +61,8 @@ class AirflowStack:
             AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
             AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
             HPML_PROGRESS="plain",
-            **(extra_env or {}),
         )
+        self.env.update(extra_env or {})  # may override any of the above (the executor, the database)
         self.logs = self.home / "logs-stack"
         self.logs.mkdir(exist_ok=True)
 
