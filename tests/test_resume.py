@@ -72,8 +72,8 @@ def _wait_for_a_kill_moment(rng: random.Random, work: str, kind: str, alive) -> 
 
 
 def _kill_workers_at_random(work: str, rng: random.Random, kills: int) -> tuple[threading.Thread, list]:
-    """A thread that, `kills` times (as `_kill_plan` says), waits for a fresh set of worker pids, then a random moment of that attempt,
-    and SIGKILLs one worker drawn at random; it records what the backup held at each kill."""
+    """A thread that, `kills` times (as `_kill_plan` says), waits for a fresh set of worker pids, then a random
+    moment of that attempt, and SIGKILLs one worker drawn at random; it records what the backup held at each kill."""
     done: list = []
     plan = _kill_plan(rng)
 
