@@ -295,7 +295,7 @@ def test_small_data_held_whole_gives_each_epoch_a_fresh_full_permutation(tuned, 
     spec = dataclasses.replace(tuned, cache="memory", shuffle_buffer=900, first_epoch_window=0,
                                measurements={**tuned.measurements, "est_records": 900})
     assert dataset_module._held_whole(spec, True, None)
-    epochs_per_element = dataset_module._epochs_per_element(spec)
+    epochs_per_element = dataset_module.BLOCK_ROWS // 900
     count = (epochs_per_element + 2) * 900 // 32  # into the second element of whole epochs
     batches = _endless_batches(spec, shards, count, batch_size=32, shuffle=True, seed=3, num_epochs=None)
     assert all(len(ids) == 32 for ids, *_ in batches)
