@@ -56,11 +56,13 @@ def test_two_cli_runs_at_once_are_recorded_whole_on_a_postgres_backed_server(tra
     home = tmp_path / "home"
     env = dict(os.environ, HPML_HOME=str(home), MLFLOW_TRACKING_URI=tracking_server.url)
     hpml = os.path.join(os.path.dirname(sys.executable), "hpml")
+    logs = [open(tmp_path / f"run-{seed}.log", "w+") for seed in (1, 2)]  # files: a full pipe would stall a run
     runs = [subprocess.Popen([hpml, "run", "penguin", "--param", f"seed={seed}", "--param", "epochs=3"], cwd=REPO,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for seed in (1, 2)]
-    outputs = [run.communicate(timeout=600)[0] for run in runs]
-    assert [run.returncode for run in runs] == [0, 0], "\n".join(out[-3000:] for out in outputs)
+                             env=env, stdout=log, stderr=subprocess.STDOUT) for seed, log in zip((1, 2), logs)]
+    codes = [run.wait(timeout=600) for run in runs]
+    for log in logs:
+        log.seek(0)
+    assert codes == [0, 0], "\n".join(log.read()[-3000:] for log in logs)
 
     _check_records(tracking_server, "penguin", [1, 2])
     run_dirs = sorted(os.listdir(home / "artifacts" / "penguin"))
@@ -90,3 +92,4 @@ def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(po
     assert sorted(r.data.tags["airflow.run_id"] for r in recorded) == sorted(run_ids)
     run_dirs = sorted(os.listdir(home / "artifacts" / "penguin"))
     assert len(run_dirs) == 2, run_dirs
+    assert not (home / "mlartifacts").exists(), "no artifact was left on the worker's disk"
