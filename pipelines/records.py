@@ -58,10 +58,11 @@ def _experiment_id(mlflow_client, name: str) -> str:
     experiment = mlflow_client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    # A local store keeps artifacts under HPML_HOME; a tracking server puts them in its own artifact store, where
-    # every machine reads them (a local path here would leave them on whichever machine created the experiment).
-    local = urllib.parse.urlparse(tracking_uri()).scheme in ("", "file", "sqlite")
-    location = (hpml_home() / "mlartifacts" / name).as_uri() if local else None
+    # A tracking server puts artifacts in its own store, where every machine reads them (a local path here would
+    # leave them on whichever machine created the experiment). A store this process opens itself (a file,
+    # SQLite or another database) keeps them under HPML_HOME, not in MLflow's default ./mlruns of the cwd.
+    served = urllib.parse.urlparse(tracking_uri()).scheme in ("http", "https", "databricks")
+    location = None if served else (hpml_home() / "mlartifacts" / name).as_uri()
     try:
         return mlflow_client.create_experiment(name, artifact_location=location)
     except Exception:  # noqa: BLE001 - a concurrent run created it first

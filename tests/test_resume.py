@@ -190,3 +190,16 @@ def test_recovery_from_a_failure_during_start_up_ends_when_the_restarted_chief_t
     while not report.recovery_seconds and time.time() < deadline:
         time.sleep(0.05)
     assert len(report.recovery_seconds) == 1 and report.steps_lost == 0
+
+
+def test_a_backup_without_a_train_counter_is_named(tmp_path):
+    """A checkpoint in the backup's place that BackupAndRestore did not write stops the resume with its path."""
+    import pytest
+
+    from hpml.components.errors import SpecError
+
+    checkpoint = tf.train.Checkpoint(weights=tf.Variable([1.0, 2.0]))
+    tf.train.CheckpointManager(checkpoint, str(tmp_path / "backup" / "chief"), max_to_keep=1).save()
+    with pytest.raises(SpecError, match=r"backup .*chief/ckpt-1 holds no train counter"):
+        backed_up_steps(str(tmp_path / "backup"))
+    assert backed_up_steps(str(tmp_path / "none")) == 0

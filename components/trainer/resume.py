@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 
+from hpml.components.errors import SpecError
+
 log = logging.getLogger("hpml.trainer")
 
 BACKUP_DIR = "backup"  # under fn_args.working_dir
@@ -34,7 +36,11 @@ def backed_up_steps(directory: str) -> int:
     latest = tf.train.latest_checkpoint(os.path.join(directory, _CHIEF))
     if not latest:
         return 0
-    return int(tf.train.load_checkpoint(latest).get_tensor(_TRAIN_COUNTER))
+    reader = tf.train.load_checkpoint(latest)
+    if not reader.has_tensor(_TRAIN_COUNTER):
+        raise SpecError(f"backup {latest} holds no train counter, so the step to resume the data at is unknown",
+                        hint="it was not written by tf_keras's BackupAndRestore; remove the working dir to start over")
+    return int(reader.get_tensor(_TRAIN_COUNTER))
 
 
 def resume_training_data(dataset, fn_args):
