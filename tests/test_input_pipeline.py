@@ -473,10 +473,10 @@ def test_a_read_error_is_explained_with_the_shard_named(tuned, tmp_path):
 
 
 def test_stage_breakdown_names_the_slowest_stage_and_plots_it(tuned, shards, tmp_path):
-    # 20 ms per chunk: the parse map then takes ~0.6 s in all. At 5 ms (~0.15 s) the interleave's own time, which
-    # reached 0.10 s on a busy machine, once came out ahead.
+    # 50 ms per chunk: the parse map then takes ~1.5 s in all. At 5 ms (~0.15 s), and once at 20 ms (~0.6 s) in a
+    # full CI run on a busy 2-core machine, the interleave's own time came out ahead.
     slow = lambda features: dict(features, x=tf.numpy_function(  # noqa: E731
-        lambda x: (__import__("time").sleep(0.02), x)[1], [features["x"]], tf.float32, stateful=False))
+        lambda x: (__import__("time").sleep(0.05), x)[1], [features["x"]], tf.float32, stateful=False))
     profiled = dataclasses.replace(tuned, map_parallelism=1, autotune=True)  # the model needs autotune on
     dataset = build_dataset(profiled, [os.path.join(shards, "*.gz")], SCHEMA, shuffle=False, transform=slow)
     rows = plain = stages.profile_pipeline(dataset)
