@@ -1,9 +1,12 @@
-"""Artifact types and on-disk layouts (byte-compatible with TFX), plus atomic publishing.
+"""Artifact types and layouts (byte-compatible with TFX), plus atomic publishing.
 
-An artifact is a directory URI. Executors write into a private temporary sibling and
-`publish` renames it into place, so a failed or retried task never leaves a half-written
-artifact and two runs never share a directory. An artifact of TFRecord shards also records
-each shard's size, so that a reader can tell a shard cut short after publishing from a whole one.
+An artifact is a directory URI, on a local disk or an object store (gs://). `publish` makes a failed or retried
+task leave nothing half-written that a reader would take for whole:
+- on a local disk the executor writes into a private temporary sibling, renamed into place at the end;
+- an object store has no rename, so the executor writes in place and a manifest of every file and its size is
+  written last; readers (`require_published`) refuse an artifact without one.
+An artifact of TFRecord shards also records each shard's size, so that a reader can tell a shard cut short after
+publishing from a whole one.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
+from hpml.components import files
 from hpml.components.errors import InputDataError, SpecError
 
 log = logging.getLogger(__name__)
@@ -30,6 +34,8 @@ TFRECORD_GZ_SUFFIX = ".gz"
 SCHEMA_FILE = "schema.pbtxt"
 # At an artifact's root, beside its Split-* folders (which readers glob): {"shards": {"Split-x/name": bytes}}.
 SHARD_SIZES_FILE = "shard_sizes.json"
+# At the root of an artifact on an object store, written last: {"files": {relative path: bytes}}.
+PUBLISHED_FILE = "_hpml_published.json"
 SERVING_MODEL_DIR = "Format-Serving"
 # The serving SavedModel's second signature (no inputs): {"class_names": [num_classes] strings}, in column order.
 CLASS_NAMES_SIGNATURE = "class_names"
@@ -85,8 +91,8 @@ def transformed_examples_file_pattern(uri: str, split: str) -> str:
 def list_splits(uri: str) -> list[str]:
     """Split names present in an Examples-like artifact, sorted."""
     names = []
-    for entry in sorted(os.listdir(uri)):
-        if entry.startswith("Split-") and os.path.isdir(os.path.join(uri, entry)):
+    for entry in files.listdir(uri):
+        if entry.startswith("Split-") and files.isdir(os.path.join(uri, entry)):
             names.append(entry[len("Split-"):])
     return names
 
@@ -101,28 +107,28 @@ def serving_model_path(uri: str) -> str:
 
 def require_files(pattern: str, what: str) -> list[str]:
     """The files of a split, once each is the size its writer recorded and none it recorded is missing."""
-    files = sorted(glob.glob(pattern))
-    if not files:
+    found = files.glob(pattern)
+    if not found:
         raise SpecError(f"{what}: no files match {pattern}", hint="is the upstream artifact complete?")
-    recorded = recorded_shard_sizes(files)
-    problems = shard_size_problems(files, recorded)
-    problems.update(_missing_shards(files, pattern, {record for _, record in recorded.values()}))
+    recorded = recorded_shard_sizes(found)
+    problems = shard_size_problems(found, recorded)
+    problems.update(_missing_shards(found, pattern, {record for _, record in recorded.values()}))
     if problems:
         raise InputDataError(
             f"{what}: shard(s) not as their writer left them: "
             + "; ".join(f"{path}: {problem}" for path, problem in sorted(problems.items())),
             hint=f"the artifact changed after it was published (an interrupted copy?): re-run the component that "
                  f"wrote it; if you changed its shards on purpose, delete {SHARD_SIZES_FILE} at its root")
-    return files
+    return found
 
 
-def _missing_shards(files: list[str], pattern: str, records: set[str]) -> dict[str, str]:
+def _missing_shards(found: list[str], pattern: str, records: set[str]) -> dict[str, str]:
     """{shard: problem} for the shards that a size record lists under `pattern` but that are gone."""
     missing = {}
     for record in sorted(records):
         for relative in _read_shard_sizes(record):
             path = os.path.join(os.path.dirname(record), relative)
-            if path not in files and fnmatch.fnmatch(path, pattern):
+            if path not in found and fnmatch.fnmatch(path, pattern):
                 missing[path] = f"missing; {record} lists it"
     return missing
 
@@ -135,50 +141,38 @@ def record_shard_sizes(artifact_dir: str) -> dict[str, int]:
     """
     sizes = {}
     for split in list_splits(artifact_dir):
-        folder = split_dir(artifact_dir, split)
-        for name in sorted(os.listdir(folder)):
-            if os.path.isfile(os.path.join(folder, name)):
-                sizes[f"Split-{split}/{name}"] = os.path.getsize(os.path.join(folder, name))
-    with open(os.path.join(artifact_dir, SHARD_SIZES_FILE), "w", encoding="utf-8") as handle:
-        json.dump({"shards": sizes}, handle, indent=1, sort_keys=True)
+        for relative, size in files.walk_files(split_dir(artifact_dir, split)):
+            if "/" not in relative:
+                sizes[f"Split-{split}/{relative}"] = size
+    files.write_text(os.path.join(artifact_dir, SHARD_SIZES_FILE), json.dumps({"shards": sizes}, indent=1,
+                                                                              sort_keys=True))
     return sizes
 
 
-def _file_system(path: str):
-    """TF's file systems for gs://, s3:// and hdfs:// paths; None for a local path."""
-    if "://" not in path:
-        return None
-    import tensorflow as tf
-
-    return tf.io.gfile
-
-
 def _read_shard_sizes(record: str) -> dict[str, int]:
-    gfile = _file_system(record)
-    with (gfile.GFile(record, "r") if gfile else open(record, encoding="utf-8")) as handle:
+    with files.open_file(record) as handle:
         sizes = json.load(handle)
     if not isinstance(sizes, dict) or not isinstance(sizes.get("shards"), dict):
         raise ValueError('not {"shards": {...}}')
     return sizes["shards"]
 
 
-def recorded_shard_sizes(files: list[str]) -> dict[str, tuple[int, str]]:
+def recorded_shard_sizes(shards: list[str]) -> dict[str, tuple[int, str]]:
     """{shard: (its size as recorded, the record's path)} for the shards of an artifact with a size record.
 
     Shards elsewhere, or missing from their record, are left out: their reader must check them another way.
     """
     records: dict[str, dict[str, int] | None] = {}
     found = {}
-    for path in files:
+    for path in shards:
         folder, name = os.path.split(path)
         root, split_folder = os.path.split(folder)
         if not split_folder.startswith("Split-"):
             continue
         record = os.path.join(root, SHARD_SIZES_FILE)
         if record not in records:
-            gfile = _file_system(record)
             records[record] = None
-            if (gfile.exists(record) if gfile else os.path.isfile(record)):
+            if files.isfile(record):
                 try:
                     records[record] = _read_shard_sizes(record)
                 except ValueError as err:  # a damaged record vouches for nothing
@@ -189,20 +183,16 @@ def recorded_shard_sizes(files: list[str]) -> dict[str, tuple[int, str]]:
     return found
 
 
-def shard_size_problems(files: list[str], recorded: dict[str, tuple[int, str]],
+def shard_size_problems(shards: list[str], recorded: dict[str, tuple[int, str]],
                         sizes: dict[str, int] | None = None) -> dict[str, str]:
     """{shard: problem} for the recorded shards whose size is not the recorded one; `sizes`, where the
     caller has them, saves a stat per shard."""
     problems = {}
-    for path in files:
+    for path in shards:
         if path not in recorded:
             continue
         expected, record = recorded[path]
-        if sizes is not None:
-            actual = sizes[path]
-        else:
-            gfile = _file_system(path)
-            actual = gfile.stat(path).length if gfile else os.path.getsize(path)
+        actual = sizes[path] if sizes is not None else files.size(path)
         if actual != expected:
             problems[path] = f"{actual} bytes, but {record} records {expected} as written"
     return problems
@@ -216,11 +206,24 @@ def _clear_stale_temporaries(uri: str) -> None:
 
 @contextlib.contextmanager
 def publish(uri: str) -> Iterator[str]:
-    """Yield a fresh temporary directory; on success rename it to `uri` atomically.
+    """Yield the directory to write the artifact into; on success publish it whole.
 
-    Leftovers from an earlier failed attempt are removed first. If `uri` already
-    exists (a retried task that had published), the new output replaces it whole.
+    On a local disk that is a fresh temporary sibling, renamed to `uri` at the end; leftovers of an earlier failed
+    attempt are removed first, and an earlier published output is replaced whole. On an object store it is `uri`
+    itself, emptied first (an earlier attempt's files must not mix with this one's), with the manifest written last.
     """
+    if files.is_url(uri):
+        files.rmtree(uri)
+        files.makedirs(uri)
+        try:
+            yield uri
+        except BaseException:
+            with contextlib.suppress(Exception):
+                files.rmtree(uri)
+            raise
+        manifest = {"files": dict(files.walk_files(uri))}
+        files.write_text(os.path.join(uri, PUBLISHED_FILE), json.dumps(manifest, indent=1, sort_keys=True))
+        return
     uri = os.path.abspath(uri)
     os.makedirs(os.path.dirname(uri), exist_ok=True)
     _clear_stale_temporaries(uri)
@@ -238,3 +241,13 @@ def publish(uri: str) -> Iterator[str]:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.rename(tmp, uri)
+
+
+def require_published(uri: str, what: str, manifest: bool = True) -> None:
+    """A SpecError unless the artifact at `uri` was published whole (on an object store: its manifest is there,
+    where `manifest`)."""
+    if not files.isdir(uri):
+        raise SpecError(f"{what} does not exist at {uri}", hint="did the upstream component finish?")
+    if manifest and files.is_url(uri) and not files.exists(os.path.join(uri, PUBLISHED_FILE)):
+        raise SpecError(f"{what} at {uri} has no {PUBLISHED_FILE}: its writer did not finish (it failed, was killed "
+                        f"or is still running)", hint="re-run the component that writes it")

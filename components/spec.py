@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from hpml.components import artifacts
 from hpml.components.artifacts import ArtifactType
 from hpml.components.errors import SpecError, known_names
 
@@ -115,9 +115,13 @@ class ComponentSpec:
         return resolved
 
     def run(
-        self, inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]
+        self, inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any],
+        manifests: bool = True,
     ) -> dict[str, Any]:
-        """Validate the wiring and parameters, then call the executor."""
+        """Validate the wiring and parameters, then call the executor.
+
+        `manifests=False` accepts inputs on an object store without hpml's publication manifest: under TFX, whose
+        metadata store says which artifacts were published, they may come from TFX's own components."""
         missing = sorted(set(self.inputs) - set(inputs) - self.optional_inputs)
         if missing:
             raise SpecError(f"{self.name}: missing input artifact(s) {', '.join(missing)}")
@@ -133,11 +137,9 @@ class ComponentSpec:
             else:
                 uris = [uri]
             for one in uris:
-                if one is not None and not os.path.isdir(one):
-                    raise SpecError(
-                        f"{self.name}: input {name!r} ({self.inputs[name].name}) does not exist at {one}",
-                        hint="did the upstream component finish?",
-                    )
+                if one is not None:
+                    artifacts.require_published(one, f"{self.name}: input {name!r} ({self.inputs[name].name})",
+                                                manifest=manifests)
         if set(outputs) != set(self.outputs):
             raise SpecError(
                 f"{self.name}: outputs must be exactly {sorted(self.outputs)}, got {sorted(outputs)}"

@@ -10,6 +10,7 @@ import warnings
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from hpml.components import files  # noqa: E402
 from hpml.components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
 from hpml.components.native_logs import VERBOSE_ENV, start_tensorflow  # noqa: E402
 
@@ -242,7 +243,7 @@ def cmd_report(args) -> int:
     mlflow_run_id = records.resolve(args.run)
     run_dir = records.load(mlflow_run_id).tags.get("hpml.run_dir")
     path = report.report_path(run_dir) if run_dir else None
-    if args.rebuild or not path or not os.path.isfile(path):
+    if args.rebuild or not path or not files.isfile(path):
         path = report.build(mlflow_run_id)
     print(path)
     if args.open:

@@ -16,8 +16,13 @@ def hpml_home() -> Path:
     return (Path(data_home) / "hpml").resolve()
 
 
-def artifact_root() -> Path:
-    return Path(os.environ.get("HPML_ARTIFACT_ROOT", hpml_home() / "artifacts")).resolve()
+def artifact_root() -> str:
+    """Where runs write their artifacts: `HPML_ARTIFACT_ROOT`, a local folder or a URL every worker reaches
+    (gs://bucket/prefix); the default is `HPML_HOME/artifacts`."""
+    root = os.environ.get("HPML_ARTIFACT_ROOT")
+    if root and "://" in root:
+        return root.rstrip("/")
+    return str(Path(root or hpml_home() / "artifacts").expanduser().resolve())
 
 
 def data_roots() -> list[Path]:

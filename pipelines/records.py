@@ -8,11 +8,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
+import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from hpml.components import files
 from hpml.components.errors import HpmlError
 from hpml.pipelines import locks
 from hpml.pipelines.paths import hpml_home
@@ -172,8 +175,20 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     for name, uri in outputs.items():
         for small in SMALL_ARTIFACTS:
             path = os.path.join(uri, small)
-            if os.path.isfile(path):
-                mlflow_client.log_artifact(mlflow_run_id, path, artifact_path=f"{node_id}/{name}")
+            if files.isfile(path):
+                _log_file(mlflow_client, mlflow_run_id, path, f"{node_id}/{name}")
+
+
+def _log_file(mlflow_client, mlflow_run_id: str, path: str, artifact_path: str) -> None:
+    """Log one file, local or on an object store (MLflow's client uploads local files only)."""
+    if not files.is_url(path):
+        mlflow_client.log_artifact(mlflow_run_id, path, artifact_path=artifact_path)
+        return
+    with tempfile.TemporaryDirectory(prefix="hpml-artifact-") as folder:
+        local = os.path.join(folder, os.path.basename(path))
+        with files.open_file(path, "rb") as source, open(local, "wb") as target:
+            shutil.copyfileobj(source, target)
+        mlflow_client.log_artifact(mlflow_run_id, local, artifact_path=artifact_path)
 
 
 def _history_metrics(history: list[dict], now: int, prefix: str = "") -> list:

@@ -14,8 +14,9 @@ import json
 import os
 import re
 import shutil
+import tempfile
 
-from hpml.components import artifacts
+from hpml.components import artifacts, files
 from hpml.components.errors import HpmlError
 from hpml.components.input_pipeline.stall import describe_stall
 from hpml.pipelines import records
@@ -136,9 +137,8 @@ def _plot_evaluation(rows: list[dict], path: str) -> None:
 
 
 def _read_json(path: str | None):
-    if path and os.path.isfile(path):
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+    if path and files.isfile(path):
+        return json.loads(files.read_text(path))
     return None
 
 
@@ -342,55 +342,70 @@ def render(data: dict, pngs: dict[str, str]) -> str:
 
 
 def build(mlflow_run_id: str, log_to_mlflow: bool = True) -> str:
-    """Write the report (atomically) under the run directory; returns report.html's path."""
+    """Write the report (atomically) under the run directory, local or on an object store; returns report.html's
+    path."""
     data = collect(mlflow_run_id)
     if not data["run_dir"]:
         raise HpmlError(f"run {mlflow_run_id} has no run directory tag", hint="was it started by hpml?")
-    with artifacts.publish(report_dir(data["run_dir"])) as out:
-        pngs = {}
-        for name, (title, panels) in CURVE_GROUPS.items():
-            if any(data["series"].get(n) for panel in panels for n in panel):
-                pngs[name] = os.path.join(out, name)
-                _plot_series(data["series"], panels, _curve_title(title, data["series"]), pngs[name])
-        if data["evaluation"]:
-            pngs["evaluation.png"] = os.path.join(out, "evaluation.png")
-            _plot_evaluation(data["evaluation"]["rows"], pngs["evaluation.png"])
-        if data["node_curves"]:
-            pngs["node_curves.png"] = os.path.join(out, "node_curves.png")
-            _plot_series(data["series"], [tuple(data["node_curves"])], "Validation accuracy per epoch",
-                         pngs["node_curves.png"])
-        if data.get("classification"):
-            pngs["confusion.png"] = os.path.join(out, "confusion.png")
-            _plot_confusion(data["classification"], pngs["confusion.png"])
-        if data["durations"]:
-            pngs["durations.png"] = os.path.join(out, "durations.png")
-            _plot_durations(data["durations"], pngs["durations.png"])
-        if data["input_stages_png"] and os.path.isfile(data["input_stages_png"]):
-            pngs["input_stages.png"] = shutil.copy(data["input_stages_png"], os.path.join(out, "input_stages.png"))
-        if data["gpipe"] and data["gpipe"].get("stage_costs_s"):
-            from hpml.components.trainer.gpipe import schedule
-            from hpml.components.trainer.gpipe.plot import plot_gantt
-
-            g = data["gpipe"]
-            order = schedule.build(g["schedule"], g["num_stages"], g["num_micro_batches"])
-            pngs["gantt.png"] = os.path.join(out, "gantt.png")
-            plot_gantt(order, [1e3 * c for c in g["stage_costs_s"]], pngs["gantt.png"],
-                       f"{g['schedule']} K={g['num_stages']} M={g['num_micro_batches']}")
-            if g.get("executed_events"):
-                from hpml.components.trainer.gpipe.plot import plot_executed
-                from hpml.components.trainer.gpipe.trace import OpEvent
-
-                pngs["executed_gantt.png"] = os.path.join(out, "executed_gantt.png")
-                plot_executed([OpEvent(*row) for row in g["executed_events"]], g["num_stages"],
-                              pngs["executed_gantt.png"], f"executed {g['schedule']} step")
-        with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as handle:
-            json.dump({k: v for k, v in data.items() if k != "input_stages"}, handle, indent=2, default=str)
-        with open(os.path.join(out, REPORT_FILE), "w", encoding="utf-8") as handle:
-            handle.write(render(data, pngs))
     final = report_dir(data["run_dir"])
-    if log_to_mlflow:
-        records.client().log_artifacts(mlflow_run_id, final, artifact_path=REPORT_DIR)
+    # Rendered on local disk (matplotlib and MLflow's log_artifacts write and read local files), then published.
+    with tempfile.TemporaryDirectory(prefix="hpml-report-") as out:
+        _render(data, out)
+        with artifacts.publish(final) as published:
+            for name, _ in files.walk_files(out):
+                with open(os.path.join(out, name), "rb") as source, \
+                        files.open_file(os.path.join(published, name), "wb") as target:
+                    shutil.copyfileobj(source, target)
+        if log_to_mlflow:
+            records.client().log_artifacts(mlflow_run_id, out, artifact_path=REPORT_DIR)
     return os.path.join(final, REPORT_FILE)
+
+
+def _render(data: dict, out: str) -> None:
+    """The report's plots, report.json and report.html into the local folder `out`."""
+    pngs = {}
+    for name, (title, panels) in CURVE_GROUPS.items():
+        if any(data["series"].get(n) for panel in panels for n in panel):
+            pngs[name] = os.path.join(out, name)
+            _plot_series(data["series"], panels, _curve_title(title, data["series"]), pngs[name])
+    if data["evaluation"]:
+        pngs["evaluation.png"] = os.path.join(out, "evaluation.png")
+        _plot_evaluation(data["evaluation"]["rows"], pngs["evaluation.png"])
+    if data["node_curves"]:
+        pngs["node_curves.png"] = os.path.join(out, "node_curves.png")
+        _plot_series(data["series"], [tuple(data["node_curves"])], "Validation accuracy per epoch",
+                     pngs["node_curves.png"])
+    if data.get("classification"):
+        pngs["confusion.png"] = os.path.join(out, "confusion.png")
+        _plot_confusion(data["classification"], pngs["confusion.png"])
+    if data["durations"]:
+        pngs["durations.png"] = os.path.join(out, "durations.png")
+        _plot_durations(data["durations"], pngs["durations.png"])
+    if data["input_stages_png"] and files.isfile(data["input_stages_png"]):
+        pngs["input_stages.png"] = os.path.join(out, "input_stages.png")
+        with files.open_file(data["input_stages_png"], "rb") as source, \
+                open(pngs["input_stages.png"], "wb") as target:
+            shutil.copyfileobj(source, target)
+    if data["gpipe"] and data["gpipe"].get("stage_costs_s"):
+        from hpml.components.trainer.gpipe import schedule
+        from hpml.components.trainer.gpipe.plot import plot_gantt
+
+        g = data["gpipe"]
+        order = schedule.build(g["schedule"], g["num_stages"], g["num_micro_batches"])
+        pngs["gantt.png"] = os.path.join(out, "gantt.png")
+        plot_gantt(order, [1e3 * c for c in g["stage_costs_s"]], pngs["gantt.png"],
+                   f"{g['schedule']} K={g['num_stages']} M={g['num_micro_batches']}")
+        if g.get("executed_events"):
+            from hpml.components.trainer.gpipe.plot import plot_executed
+            from hpml.components.trainer.gpipe.trace import OpEvent
+
+            pngs["executed_gantt.png"] = os.path.join(out, "executed_gantt.png")
+            plot_executed([OpEvent(*row) for row in g["executed_events"]], g["num_stages"],
+                          pngs["executed_gantt.png"], f"executed {g['schedule']} step")
+    with open(os.path.join(out, "report.json"), "w", encoding="utf-8") as handle:
+        json.dump({k: v for k, v in data.items() if k != "input_stages"}, handle, indent=2, default=str)
+    with open(os.path.join(out, REPORT_FILE), "w", encoding="utf-8") as handle:
+        handle.write(render(data, pngs))
 
 
 def plot_overlay(run_ids: list[str], labels: list[str], path: str) -> dict[str, dict[str, list]]:

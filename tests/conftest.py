@@ -88,3 +88,21 @@ def stack(tmp_path_factory):
     airflow.wait_for_dag("penguin")
     yield airflow
     airflow.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """gcp-storage-emulator on loopback with the front TF goes through (tests/object_store.py), for the session."""
+    from tests.object_store import GcsServer
+
+    server = GcsServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs(gcs_server, monkeypatch):
+    """The object store, with this process's TF, Beam and google-cloud-storage pointed at it for one test."""
+    for name, value in gcs_server.env().items():
+        monkeypatch.setenv(name, value)
+    return gcs_server

@@ -1,6 +1,6 @@
-"""Beam beyond one process: ExampleGen and Transform on Beam's multi-process runner (two SDK worker processes)
-write what the in-process runner writes. SoftTargets likewise, in test_distill_pipeline.py."""
-import glob
+"""Beam beyond one process: ExampleGen and Transform on Beam's multi-process runner (two SDK worker processes),
+writing to the object store on loopback, write what the in-process runner writes to local disk. SoftTargets
+likewise, in test_distill_pipeline.py."""
 import logging
 import os
 
@@ -14,7 +14,7 @@ TWO_PROCESSES = ["--direct_running_mode=multi_processing", "--direct_num_workers
 
 
 def _records(folder: str, split: str) -> list[bytes]:
-    files = glob.glob(os.path.join(folder, f"Split-{split}", "*.gz"))
+    files = tf.io.gfile.glob(os.path.join(folder, f"Split-{split}", "*.gz"))
     assert files, folder
     return sorted(r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP"))
 
@@ -34,15 +34,18 @@ def _rows(folder: str, split: str) -> np.ndarray:
 
 def _assets(transform_graph: str) -> dict:
     folder = os.path.join(transform_graph, "transform_fn", "assets")
-    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))}
+    return {name: tf.io.gfile.GFile(os.path.join(folder, name), "rb").read()
+            for name in sorted(tf.io.gfile.listdir(folder))}
 
 
-def test_example_gen_and_transform_in_two_beam_processes_write_the_in_process_output(tmp_path, penguin_csv, caplog):
+def test_example_gen_and_transform_in_two_beam_processes_write_the_in_process_output(tmp_path, penguin_csv, caplog,
+                                                                                      gcs):
     runs = {}
-    for name, args in (("in_process", []), ("two_processes", TWO_PROCESSES)):
-        gen = {"examples": str(tmp_path / name / "examples"), "schema": str(tmp_path / name / "schema")}
-        transform = {key: str(tmp_path / name / key)
-                     for key in ("transform_graph", "transformed_examples", "input_pipeline")}
+    for name, args, root in (("in_process", [], str(tmp_path)),
+                             ("two_processes", TWO_PROCESSES, f"{gcs.root}/{tmp_path.name}")):
+        gen = {"examples": f"{root}/{name}/examples", "schema": f"{root}/{name}/schema"}
+        transform = {key: f"{root}/{name}/{key}" for key in ("transform_graph", "transformed_examples",
+                                                            "input_pipeline")}
         with caplog.at_level(logging.INFO):
             caplog.clear()
             EXAMPLE_GEN.run({}, gen, {"input_path": penguin_csv, "beam_pipeline_args": args})
@@ -58,6 +61,7 @@ def test_example_gen_and_transform_in_two_beam_processes_write_the_in_process_ou
         # Means and variances combined from two workers' partial sums may differ in the last bits.
         np.testing.assert_allclose(_rows(transform2["transformed_examples"], split),
                                    _rows(transform["transformed_examples"], split), rtol=1e-6, atol=1e-6)
-    assert open(os.path.join(gen2["schema"], "schema.pbtxt")).read() == \
+    assert gen2["examples"].startswith("gs://")
+    assert tf.io.gfile.GFile(os.path.join(gen2["schema"], "schema.pbtxt")).read() == \
         open(os.path.join(gen["schema"], "schema.pbtxt")).read()
     assert _assets(transform2["transform_graph"]) == _assets(transform["transform_graph"])

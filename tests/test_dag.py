@@ -3,6 +3,7 @@ import dataclasses
 import json
 import os
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -83,7 +84,7 @@ def test_run_record_contents(penguin_dag_run):
     from hpml.pipelines.paths import artifact_root
     from hpml.pipelines.runner import safe_run_id
 
-    run_dir = str(artifact_root() / "penguin" / safe_run_id(run_id))
+    run_dir = os.path.join(artifact_root(), "penguin", safe_run_id(run_id))
     assert summary.tags["hpml.run_dir"] == run_dir
     for node, outputs in summary.outputs.items():
         for name, uri in outputs.items():
@@ -116,10 +117,11 @@ def test_invalid_trigger_values_are_refused_before_any_work(airflow_db):
     from hpml.pipelines.airflow import local as airflow_local
     from hpml.pipelines.paths import artifact_root
 
-    before = set(os.listdir(artifact_root() / "penguin")) if (artifact_root() / "penguin").exists() else set()
+    penguin_runs = Path(artifact_root()) / "penguin"
+    before = set(os.listdir(penguin_runs)) if penguin_runs.exists() else set()
     with pytest.raises(ParamValidationError, match="epochs"):
         airflow_local.test_run("penguin", {"epochs": 0})
-    after = set(os.listdir(artifact_root() / "penguin")) if (artifact_root() / "penguin").exists() else set()
+    after = set(os.listdir(penguin_runs)) if penguin_runs.exists() else set()
     assert after == before, "no run directory may be created for refused parameters"
 
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hpml.components import artifacts
+from hpml.components import artifacts, files
 from hpml.components.errors import InputDataError, SpecError
 
 RESULTS_JSON = "results.json"
@@ -37,14 +37,14 @@ def _read_split(examples_uri: str, split: str, label_key: str) -> tuple[list[byt
     import tensorflow as tf
 
     pattern = artifacts.examples_file_pattern(examples_uri, split)
-    files = artifacts.require_files(pattern, f"Evaluator split {split}")
-    serialized = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    shards = artifacts.require_files(pattern, f"Evaluator split {split}")
+    serialized = [r.numpy() for r in tf.data.TFRecordDataset(shards, compression_type="GZIP")]
     labels = [_label_text(tf.train.Example.FromString(r), label_key, pattern) for r in serialized]
     return serialized, np.array(labels)
 
 
 def _directory_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    return sum(size for _, size in files.walk_files(path))
 
 
 class _Scored:
@@ -55,7 +55,7 @@ class _Scored:
         import tf_keras
 
         serving = artifacts.serving_model_path(model_uri)
-        if not os.path.isfile(os.path.join(serving, "saved_model.pb")):
+        if not files.isfile(os.path.join(serving, "saved_model.pb")):
             raise SpecError(f"Evaluator: Model artifact {model_uri} has no SavedModel at {serving}")
         loaded = tf.saved_model.load(serving)
         signature = loaded.signatures["serving_default"]
@@ -158,8 +158,6 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
     gap = _gap(rows, params["distillation"])
     result = {"split": params["split"], "examples": len(labels), "rows": list(rows.values()), "distillation": gap}
     with artifacts.publish(outputs["evaluation"]) as out_dir:
-        with open(os.path.join(out_dir, RESULTS_JSON), "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
-        with open(os.path.join(out_dir, RESULTS_MD), "w", encoding="utf-8") as handle:
-            handle.write(_table(result["rows"], gap))
+        files.write_text(os.path.join(out_dir, RESULTS_JSON), json.dumps(result, indent=2))
+        files.write_text(os.path.join(out_dir, RESULTS_MD), _table(result["rows"], gap))
     return {"evaluation": result}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from hpml.components import files
 from hpml.components.errors import InputDataError
 
 _KINDS = {"int64_list": schema_pb2.INT, "float_list": schema_pb2.FLOAT, "bytes_list": schema_pb2.BYTES}
@@ -148,11 +149,10 @@ def check_against(expected: schema_pb2.Schema, inferred: schema_pb2.Schema, sour
 def read_schema(path: str) -> schema_pb2.Schema:
     from google.protobuf import text_format
 
+    if not files.isfile(path):
+        raise InputDataError(f"schema file {path} does not exist")
     try:
-        with open(path, encoding="utf-8") as handle:
-            return text_format.Parse(handle.read(), schema_pb2.Schema())
-    except FileNotFoundError:
-        raise InputDataError(f"schema file {path} does not exist") from None
+        return text_format.Parse(files.read_text(path), schema_pb2.Schema())
     except text_format.ParseError as err:
         raise InputDataError(f"{path}: not a valid schema.pbtxt ({err})") from None
 
@@ -160,5 +160,4 @@ def read_schema(path: str) -> schema_pb2.Schema:
 def write_schema(schema: schema_pb2.Schema, path: str) -> None:
     from google.protobuf import text_format
 
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text_format.MessageToString(schema))
+    files.write_text(path, text_format.MessageToString(schema))

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from hpml.components import files
 from hpml.components.errors import SpecError
 
 SPEC_FILE = "input_pipeline.json"
@@ -104,15 +105,13 @@ def schema_fingerprint(schema) -> str:
 
 def write_spec(spec: InputPipelineSpec, artifact_dir: str) -> str:
     path = os.path.join(artifact_dir, SPEC_FILE)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(spec.to_json())
+    files.write_text(path, spec.to_json())
     return path
 
 
 def read_spec(artifact_dir: str) -> InputPipelineSpec:
     path = os.path.join(artifact_dir, SPEC_FILE)
     try:
-        with open(path, encoding="utf-8") as handle:
-            return InputPipelineSpec.from_json(handle.read(), source=path)
+        return InputPipelineSpec.from_json(files.read_text(path), source=path)
     except FileNotFoundError:
         raise SpecError(f"input pipeline spec {path} does not exist") from None

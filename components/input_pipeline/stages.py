@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 
+from hpml.components import files
+
 PARALLELISM_PARAMETERS = ("parallelism", "buffer_size", "cycle_length")
 ADVICE = {
     "Map": "raise its num_parallel_calls, vectorise it, or cache after it",
@@ -143,7 +145,8 @@ def plot_stages(stages: list[dict], path: str, title: str = "tf.data per-stage b
     cost_ax.set_xlabel("µs per element (output first, sources last)")
     fig.suptitle(title + "\n" + recommendation(stages), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with files.open_file(path, "wb") as handle:
+        fig.savefig(handle, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -152,7 +155,6 @@ def write_breakdown(stages: list[dict], directory: str) -> dict:
     """stages.json and stages.png into `directory`; returns their paths and the recommendation."""
     text = recommendation(stages)
     json_path = os.path.join(directory, "stages.json")
-    with open(json_path, "w", encoding="utf-8") as handle:
-        json.dump({"stages": stages, "recommendation": text}, handle, indent=2)
+    files.write_text(json_path, json.dumps({"stages": stages, "recommendation": text}, indent=2))
     png_path = plot_stages(stages, os.path.join(directory, "stages.png"))
     return {"json": json_path, "png": png_path, "recommendation": text}

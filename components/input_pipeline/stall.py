@@ -92,7 +92,8 @@ def record_input_stall(model, dataset, model_run_dir: str, steps: int = 30) -> d
     import os
 
     result = measure_input_stall(model, dataset, steps)
-    with open(os.path.join(model_run_dir, STALL_FILE), "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
+    from hpml.components import files
+
+    files.write_text(os.path.join(model_run_dir, STALL_FILE), json.dumps(result, indent=2))
     logging.getLogger("hpml.trainer").info("%s", describe_stall(result))
     return result

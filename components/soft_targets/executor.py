@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import apache_beam as beam
 
-from hpml.components import artifacts
+from hpml.components import artifacts, files
 from hpml.components.beam_utils import make_pipeline, run_pipeline
 from hpml.components.errors import SpecError
 from hpml.components.trainer.distill.mode import CACHE_FILE, SOFT_TARGETS_FEATURE, teacher_serving_dir
@@ -100,6 +100,5 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, Any], params: Mapping[s
         artifacts.record_shard_sizes(out_dir)
         record = {"temperature": temperature, "num_classes": num_classes, "teachers": list(inputs["teachers"]),
                   "splits": splits, "label_key": params["label_key"]}
-        with open(os.path.join(out_dir, CACHE_FILE), "w", encoding="utf-8") as handle:
-            json.dump(record, handle, indent=2)
+        files.write_text(os.path.join(out_dir, CACHE_FILE), json.dumps(record, indent=2))
     return {"soft_targets": record}

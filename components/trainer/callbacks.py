@@ -10,6 +10,8 @@ import time
 
 import tf_keras
 
+from hpml.components import files
+
 log = logging.getLogger("hpml.trainer")
 
 METRICS_FILE = "metrics.jsonl"
@@ -67,7 +69,7 @@ class EpochMetricsLogger(tf_keras.callbacks.Callback):
             step_time_ms=1000.0 * train_seconds / steps,
             examples_per_sec=self._examples(steps) / train_seconds if train_seconds > 0 else math.nan,
         )
-        with open(self._path, "a", encoding="utf-8") as handle:
+        with files.open_file(self._path, "a") as handle:  # an object store's file is written again whole
             handle.write(json.dumps(record) + "\n")
         eta = (time.perf_counter() - self._started) / (epoch + 1) * (self._total - epoch - 1)
         shown = " ".join(f"{k}={_shown(k, v)}" for k, v in sorted(record.items())
@@ -169,10 +171,9 @@ class StopOnDivergenceEveryStep(StopOnDivergence):
 
 def read_metrics(model_run_dir: str) -> list[dict]:
     path = os.path.join(model_run_dir, METRICS_FILE)
-    if not os.path.exists(path):
+    if not files.exists(path):
         return []
-    with open(path, encoding="utf-8") as handle:
-        rows = [json.loads(line) for line in handle if line.strip()]
+    rows = [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]
     # After a restart from a mid-epoch backup an epoch can be logged twice: keep the latest.
     latest = {int(row["epoch"]): row for row in rows}
     return [latest[epoch] for epoch in sorted(latest)]
@@ -277,13 +278,17 @@ class ProgressReporter(tf_keras.callbacks.Callback):
     def __init__(self, directory: str, every_seconds: float = 0.2):
         super().__init__()
         self._path = os.path.join(directory, PROGRESS_FILE)
-        self._every = every_seconds
+        # An object store takes about one write a second to the same object (GCS's documented limit).
+        self._every = max(every_seconds, 1.0) if files.is_url(directory) else every_seconds
         self._last = 0.0
-        os.makedirs(directory, exist_ok=True)
+        files.makedirs(directory)
 
     def _write(self, **extra):
         state = {"step": int(self.model.optimizer.iterations.numpy()), "time": time.time(),
                  "resumed_from_step": self._resumed, "pid": os.getpid(), **extra}
+        if files.is_url(self._path):  # an object appears whole when written
+            files.write_text(self._path, json.dumps(state))
+            return
         tmp = f"{self._path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(state, handle)
@@ -309,8 +314,7 @@ class ProgressReporter(tf_keras.callbacks.Callback):
 
 def read_progress(directory: str) -> dict | None:
     try:
-        with open(os.path.join(directory, PROGRESS_FILE), encoding="utf-8") as handle:
-            return json.load(handle)
+        return json.loads(files.read_text(os.path.join(directory, PROGRESS_FILE)))
     except (OSError, ValueError):
         return None
 

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from hpml.components import files
 from hpml.components.artifacts import CLASSIFICATION_FILE
 
 
@@ -42,7 +43,6 @@ def write_classification_report(model_run_dir: str, model, dataset, class_names:
 
     report = classification_report(model, dataset, class_names, steps)
     if is_chief():
-        os.makedirs(model_run_dir, exist_ok=True)
-        with open(os.path.join(model_run_dir, CLASSIFICATION_FILE), "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1)
+        files.makedirs(model_run_dir)
+        files.write_text(os.path.join(model_run_dir, CLASSIFICATION_FILE), json.dumps(report, indent=1))
     return report

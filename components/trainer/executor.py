@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from dataclasses import asdict
 from typing import Any, Mapping
 
-from hpml.components import artifacts
+from hpml.components import artifacts, files
 from hpml.components.errors import SpecError
 from hpml.components.trainer import plan as plan_mod
 from hpml.components.trainer.callbacks import close_terminal_progress, read_metrics
@@ -27,7 +26,7 @@ log = logging.getLogger("hpml.trainer")
 
 def working_dir_for(model_uri: str) -> str:
     """A stable, run-scoped working dir: BackupAndRestore's backups survive task retries here."""
-    return os.path.abspath(model_uri) + ".work"
+    return files.absolute(model_uri) + ".work"
 
 
 def _model_memory(params) -> plan_mod.ModelMemory | None:
@@ -64,7 +63,7 @@ def _check_inputs(examples: str, splits: list[str]) -> list[str]:
     patterns = []
     for split in splits:
         pattern = artifacts.transformed_examples_file_pattern(examples, split)
-        if not os.path.isdir(os.path.dirname(pattern)):
+        if not files.isdir(os.path.dirname(pattern)):
             raise SpecError(f"Trainer: {os.path.dirname(pattern)} does not exist",
                             hint=f"splits present: {', '.join(artifacts.list_splits(examples))}")
         artifacts.require_files(pattern, "Trainer examples")
@@ -89,7 +88,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     spec = read_spec(inputs["input_pipeline"]) if inputs.get("input_pipeline") else None
     data_accessor = input_pipeline_data_accessor(spec, skipped_shards) if spec else tfxio_data_accessor()
     working_dir = working_dir_for(outputs["model"])
-    os.makedirs(working_dir, exist_ok=True)
+    files.makedirs(working_dir)
     launch = None
     with artifacts.publish(outputs["model"]) as model_dir, artifacts.publish(outputs["model_run"]) as run_dir:
         fn_args = FnArgs(
@@ -126,18 +125,17 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             except (OSError, ValueError) as unreadable:  # e.g. a line cut short by a killed worker
                 log.warning("the finished epochs' metrics could not be read: %s", unreadable)
             raise
-        if not os.path.isdir(fn_args.serving_model_dir):
+        if not files.isdir(fn_args.serving_model_dir):
             raise SpecError(
                 f"run_fn finished but wrote no model to serving_model_dir ({fn_args.serving_model_dir})",
                 hint="run_fn must save a SavedModel to fn_args.serving_model_dir",
             )
-        with open(os.path.join(run_dir, "plan.json"), "w", encoding="utf-8") as handle:
-            json.dump(plan.to_dict(), handle, indent=2)
+        files.write_text(os.path.join(run_dir, "plan.json"), json.dumps(plan.to_dict(), indent=2))
         history = read_metrics(run_dir)
         eval_metrics = _read_json(os.path.join(run_dir, artifacts.EVAL_METRICS_FILE)) or {}
         gpipe = _read_json(os.path.join(run_dir, artifacts.GPIPE_RECORD_FILE))
         input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
-    shutil.rmtree(working_dir, ignore_errors=True)
+    files.rmtree(working_dir)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
             "launch": launch, "input_stall": input_stall,
             "skipped_shards": sorted(skipped_shards),
@@ -151,8 +149,8 @@ def _run_in_process(run_fn, fn_args: FnArgs, compression: str) -> None:
     try:
         run_fn(fn_args)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-        files = sorted(tf.io.gfile.glob(list(fn_args.train_files) + list(fn_args.eval_files)))
-        named = explain_read_error(files, compression, err)
+        shards = sorted(tf.io.gfile.glob(list(fn_args.train_files) + list(fn_args.eval_files)))
+        named = explain_read_error(shards, compression, err)
         if named is None:
             raise
         raise named from err
@@ -162,10 +160,9 @@ def _run_in_process(run_fn, fn_args: FnArgs, compression: str) -> None:
 
 def _read_json(path: str):
     """A JSON file the run_fn may have written, or None."""
-    if not os.path.exists(path):
+    if not files.exists(path):
         return None
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+    return json.loads(files.read_text(path))
 
 
 def _write_job(fn_args: FnArgs, params, plan) -> str:
@@ -173,8 +170,7 @@ def _write_job(fn_args: FnArgs, params, plan) -> str:
     fields = {k: v for k, v in asdict(fn_args).items() if k != "data_accessor"}
     job = {"module": params["module"], "run_fn": params["run_fn"], "strategy": plan.strategy, "fn_args": fields}
     job_path = os.path.join(fn_args.working_dir, "job.json")
-    with open(job_path, "w", encoding="utf-8") as handle:
-        json.dump(job, handle)
+    files.write_text(job_path, json.dumps(job))
     return job_path
 
 

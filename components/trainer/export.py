@@ -13,15 +13,16 @@ import os
 
 import tensorflow as tf
 
+from hpml.components import files
 from hpml.components.artifacts import CLASS_NAMES_SIGNATURE, EVAL_METRICS_FILE, TRANSFORM_FEATURES_SIGNATURE
 
 
 def write_eval_metrics(model_run_dir: str, metrics: dict) -> None:
     """Leave the eval split's metrics ({name: value}, e.g. model.evaluate(..., return_dict=True)) in the ModelRun,
     where the Trainer records them in the run record and the report shows them."""
-    os.makedirs(model_run_dir, exist_ok=True)
-    with open(os.path.join(model_run_dir, EVAL_METRICS_FILE), "w", encoding="utf-8") as handle:
-        json.dump({name: float(value) for name, value in metrics.items()}, handle)
+    files.makedirs(model_run_dir)
+    files.write_text(os.path.join(model_run_dir, EVAL_METRICS_FILE),
+                     json.dumps({name: float(value) for name, value in metrics.items()}))
 
 
 def export_serving_model(model, tf_transform_output, serving_model_dir: str, label_key: str,

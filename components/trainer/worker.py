@@ -33,14 +33,9 @@ def main(job_path: str) -> int:
     from hpml.components.native_logs import VERBOSE_ENV, start_tensorflow
 
     start_tensorflow(verbose=os.environ.get(VERBOSE_ENV) == "1")  # without its native start-up lines
-    if "://" in job_path:  # e.g. gs:// on Vertex AI
-        import tensorflow as tf
+    from hpml.components import files
 
-        with tf.io.gfile.GFile(job_path) as handle:
-            job = json.load(handle)
-    else:
-        with open(job_path, encoding="utf-8") as handle:
-            job = json.load(handle)
+    job = json.loads(files.read_text(job_path))  # on Vertex AI or a shared artifact root: gs://
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     task = config.get("task", {})
     if task.get("type") == "ps" or (task.get("type") == "worker" and job["strategy"] == "parameter_server"):
@@ -59,7 +54,7 @@ def main(job_path: str) -> int:
         fields["serving_model_dir"] = os.path.join(scratch, "serving")
         fields["model_run_dir"] = os.path.join(scratch, "model_run")
         fields["eval_model_dir"] = os.path.join(scratch, "eval")
-        os.makedirs(fields["model_run_dir"], exist_ok=True)
+        files.makedirs(fields["model_run_dir"])
         # working_dir stays shared: every worker's BackupAndRestore must see the chief's backup.
     accessor = make_data_accessor(fields["custom_config"].get("input_pipeline_dir"), strategy=job["strategy"])
     fn_args = FnArgs(**fields, data_accessor=accessor)

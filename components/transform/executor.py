@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from hpml.components import artifacts
+from hpml.components import artifacts, files
 from hpml.components.beam_utils import make_pipeline, run_pipeline
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.example_gen.schema_inference import is_empty_column, read_schema
@@ -90,12 +90,11 @@ def _check_output_shapes(outputs, preprocessing_fn) -> None:
 def _remove_scratch(path: str, attempts: int = 5) -> None:
     """Remove tf.Transform's scratch space from the artifact; a late writer can leave files behind
     the first removal, so try again before giving up loudly."""
-    import shutil
     import time
 
     for _ in range(attempts):
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.exists(path):
+        files.rmtree(path)
+        if not files.exists(path):
             return
         time.sleep(0.2)
     raise OSError(f"could not remove tf.Transform scratch space {path}")
@@ -156,8 +155,7 @@ class _FeatureRanges(beam.CombineFn):
 
 
 def _write_json(value, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(value, handle)
+    files.write_text(path, json.dumps(value))
 
 
 def _constant_features(ranges: Mapping[str, Mapping[str, list]], splits) -> list[str]:
@@ -251,8 +249,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             _ = (ranges | "FlattenRanges" >> beam.Flatten() | "FeatureRanges" >> beam.CombineGlobally(_FeatureRanges())
                  | "WriteRanges" >> beam.Map(_write_json, ranges_path))
             run_pipeline(pipeline)
-        with open(ranges_path, encoding="utf-8") as handle:
-            ranges = json.load(handle)
+        ranges = json.loads(files.read_text(ranges_path))
         _remove_scratch(os.path.join(graph_dir, ".tft_tmp"))
         artifacts.record_shard_sizes(examples_dir)
         analyzed = list(params["analyze_splits"])

@@ -71,7 +71,7 @@ class HpmlExecutor(base_executor.BaseExecutor):
                     for name in spec.outputs}
         params = {name: json.loads(value) for name, value in exec_properties.items()
                   if name in spec.parameters and value is not None}
-        properties = spec.run(inputs, {name: a.uri for name, a in produced.items()}, params)
+        properties = spec.run(inputs, {name: a.uri for name, a in produced.items()}, params, manifests=False)
         for name, produced_artifact in produced.items():
             if spec.outputs[name] == artifacts.EXAMPLES:
                 produced_artifact.split_names = artifact_utils.encode_split_names(

@@ -1,0 +1,120 @@
+"""File operations that work the same on a local path and on a URL that TensorFlow's file systems reach (gs://).
+
+Local paths use the standard library, so code that never sees a URL never imports TensorFlow; a URL goes through
+`tf.io.gfile`, the client that TF's readers and writers use too.
+"""
+from __future__ import annotations
+
+import glob as _glob
+import os
+import shutil
+from typing import IO, Iterator
+
+
+def is_url(path: str) -> bool:
+    """True for gs://, s3://, hdfs:// and other scheme-qualified paths; False for a local path."""
+    return "://" in str(path)
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute; a URL as it is."""
+    return path if is_url(path) else os.path.abspath(path)
+
+
+def open_file(path: str, mode: str = "r") -> IO:
+    """Open for reading or writing; text modes are UTF-8. On an object store a written file appears whole when
+    closed."""
+    if is_url(path):
+        return _gfile().GFile(path, mode)
+    return open(path, mode, encoding=None if "b" in mode else "utf-8")
+
+
+def read_text(path: str) -> str:
+    """The whole file; FileNotFoundError where it is missing, on an object store too."""
+    if not is_url(path):
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    import tensorflow as tf
+
+    try:
+        with _gfile().GFile(path, "r") as handle:
+            return handle.read()
+    except tf.errors.NotFoundError:
+        raise FileNotFoundError(path) from None
+
+
+def write_text(path: str, text: str) -> None:
+    with open_file(path, "w") as handle:
+        handle.write(text)
+
+
+def exists(path: str) -> bool:
+    return _gfile().exists(path) if is_url(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+    return _gfile().isdir(path) if is_url(path) else os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+    if is_url(path):
+        gfile = _gfile()
+        return gfile.exists(path) and not gfile.isdir(path)
+    return os.path.isfile(path)
+
+
+def size(path: str) -> int:
+    return _gfile().stat(path).length if is_url(path) else os.path.getsize(path)
+
+
+def makedirs(path: str) -> None:
+    if is_url(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def listdir(path: str) -> list[str]:
+    """Entry names, without a trailing slash for folders."""
+    if is_url(path):
+        return sorted({name.rstrip("/") for name in _gfile().listdir(path)})
+    return sorted(os.listdir(path))
+
+
+def glob(pattern: str) -> list[str]:
+    return sorted(_gfile().glob(pattern) if is_url(pattern) else _glob.glob(pattern))
+
+
+def rmtree(path: str) -> None:
+    """Remove a folder and everything in it; nothing happens if it is not there."""
+    if is_url(path):
+        gfile = _gfile()
+        if gfile.exists(path):
+            gfile.rmtree(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def walk_files(root: str) -> Iterator[tuple[str, int]]:
+    """(path relative to `root` with '/' separators, size in bytes) of every file under `root`, sorted."""
+    if is_url(root):
+        gfile, prefix = _gfile(), root.rstrip("/") + "/"
+        found = []
+        for folder, _, names in gfile.walk(root):
+            for name in names:
+                path = os.path.join(folder, name)
+                found.append((path[len(prefix):] if path.startswith(prefix) else name, gfile.stat(path).length))
+        yield from sorted(found)
+        return
+    found = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            found.append((os.path.relpath(path, root).replace(os.sep, "/"), os.path.getsize(path)))
+    yield from sorted(found)

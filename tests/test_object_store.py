@@ -1,0 +1,104 @@
+"""Artifacts on an object store (gs://, gcp-storage-emulator on loopback): publishing without a rename, a writer
+killed mid-write, and readers that take only whole artifacts."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from hpml.components import artifacts, files
+from hpml.components.errors import SpecError
+from hpml.components.example_gen import EXAMPLE_GEN
+from hpml.components.transform import TRANSFORM
+
+
+def _objects(gcs, prefix: str) -> dict[str, int]:
+    """{object name under prefix: size}, as the server lists them (Python's client, not TF's), without the empty
+    objects that stand for folders."""
+    from google.cloud import storage
+
+    client = storage.Client(project="hpml-test")
+    bucket_prefix = prefix[len(gcs.root) + 1:].rstrip("/") + "/"
+    return {blob.name[len(bucket_prefix):]: blob.size for blob in client.list_blobs(gcs.bucket, prefix=bucket_prefix)
+            if not blob.name.endswith("/")}
+
+
+def _manifest(uri: str) -> dict[str, int]:
+    return json.loads(files.read_text(os.path.join(uri, artifacts.PUBLISHED_FILE)))["files"]
+
+
+def test_publishing_writes_in_place_and_the_manifest_last(gcs, tmp_path):
+    uri = f"{gcs.root}/{tmp_path.name}/Component/out"
+    with artifacts.publish(uri) as out:
+        assert out == uri, "an object store has no rename: the artifact is written where it will stay"
+        files.makedirs(os.path.join(out, "Split-train"))
+        files.write_text(os.path.join(out, "Split-train", "part-0.gz"), "x" * 10)
+        files.write_text(os.path.join(out, "schema.pbtxt"), "feature {}")
+        with pytest.raises(SpecError, match=artifacts.PUBLISHED_FILE):
+            artifacts.require_published(uri, "Examples")  # readers refuse it while it is written
+    assert _manifest(uri) == {"Split-train/part-0.gz": 10, "schema.pbtxt": 10}
+    artifacts.require_published(uri, "Examples")
+    stored = _objects(gcs, uri)
+    assert stored == {"Split-train/part-0.gz": 10, "schema.pbtxt": 10, artifacts.PUBLISHED_FILE: stored[artifacts.PUBLISHED_FILE]}
+
+
+def test_a_retried_writer_replaces_the_earlier_attempt_whole(gcs, tmp_path):
+    uri = f"{gcs.root}/{tmp_path.name}/out"
+    with artifacts.publish(uri) as out:
+        files.write_text(os.path.join(out, "old-only"), "1")
+        files.write_text(os.path.join(out, "v"), "1")
+    with pytest.raises(RuntimeError):
+        with artifacts.publish(uri) as out:
+            files.write_text(os.path.join(out, "half"), "x")
+            raise RuntimeError("task died")
+    assert not files.exists(uri), "a failed attempt removes what it wrote, and the output it was replacing"
+    with pytest.raises(SpecError, match="does not exist"):
+        artifacts.require_published(uri, "Examples")
+    with artifacts.publish(uri) as out:
+        files.write_text(os.path.join(out, "v"), "22")
+    assert _manifest(uri) == {"v": 2}
+    assert sorted(_objects(gcs, uri)) == [artifacts.PUBLISHED_FILE, "v"]
+
+
+def test_a_killed_example_gen_leaves_nothing_the_next_task_reads(gcs, tmp_path, penguin_csv):
+    """SIGKILL while Beam is writing the shards: no manifest, so Transform refuses the Examples; the retried task
+    publishes them whole, with nothing of the killed attempt left among them."""
+    root = f"{gcs.root}/{tmp_path.name}"
+    gen = {"examples": f"{root}/examples", "schema": f"{root}/schema"}
+    params = {"input_path": penguin_csv}
+    code = ("import json, sys; from hpml.components.example_gen import EXAMPLE_GEN; "
+            "EXAMPLE_GEN.run({}, json.loads(sys.argv[1]), json.loads(sys.argv[2]))")
+    writer = subprocess.Popen([sys.executable, "-c", code, json.dumps(gen), json.dumps(params)],
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    try:
+        while True:  # until Beam's temporary shards are being written under the artifact
+            written = [name for name in _objects(gcs, gen["examples"]) if "Split-" in name]
+            if written:
+                break
+            assert writer.poll() is None, "the writer ended before it could be killed"
+            assert time.monotonic() < deadline, "the writer wrote no shard in 120 s"
+            time.sleep(0.05)
+        writer.send_signal(signal.SIGKILL)
+    finally:
+        writer.kill()
+        writer.wait()
+    left = _objects(gcs, gen["examples"])
+    assert left and artifacts.PUBLISHED_FILE not in left, "the killed attempt left part of its output, unpublished"
+    transform = {key: f"{root}/{key}" for key in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with pytest.raises(SpecError, match=f"has no {artifacts.PUBLISHED_FILE}.*did not finish"):
+        TRANSFORM.run(gen, transform, {"module": "hpml.examples.penguin.module"})
+    assert not _objects(gcs, root + "/transform_graph"), "the refused task wrote nothing"
+
+    EXAMPLE_GEN.run({}, gen, params)  # the retry
+    manifest = _manifest(gen["examples"])
+    stored = {name: size for name, size in _objects(gcs, gen["examples"]).items() if name != artifacts.PUBLISHED_FILE}
+    assert stored == manifest, "every object under the artifact is one the retry wrote and listed"
+    assert any(name.startswith("Split-train/data_tfrecord-") for name in manifest)
+    shards = artifacts.require_files(artifacts.examples_file_pattern(gen["examples"], "train"), "Examples")
+    assert sum(1 for _ in tf.data.TFRecordDataset(shards, compression_type="GZIP")) > 100
