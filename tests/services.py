@@ -73,24 +73,28 @@ class Postgres:
 
 
 class MlflowServer:
-    """`mlflow server` with its runs in `backend_uri` and artifacts proxied into `artifacts` (its own store)."""
+    """`mlflow server` with its runs in `backend_uri` and artifacts proxied into `artifacts`: its own folder, or an
+    object store's URL (gs://) with the environment `env` that reaches it."""
 
-    def __init__(self, folder: Path, backend_uri: str):
+    def __init__(self, folder: Path, backend_uri: str, artifacts: str | None = None,
+                 env: dict[str, str] | None = None):
         self.folder = Path(folder)
-        self.artifacts = self.folder / "artifacts"
+        self.artifacts = artifacts or str(self.folder / "artifacts")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.backend_uri = backend_uri
+        self.env = env or {}
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 120) -> "MlflowServer":
-        self.artifacts.mkdir(parents=True, exist_ok=True)
+        if "://" not in self.artifacts:
+            os.makedirs(self.artifacts, exist_ok=True)
         log = open(self.folder / "mlflow-server.log", "w")
         mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
         self.process = subprocess.Popen(
             [mlflow, "server", "--backend-store-uri", self.backend_uri, "--artifacts-destination",
-             str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"))
+             self.artifacts, "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", **self.env))
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.process.poll() is not None:

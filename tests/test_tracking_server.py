@@ -1,12 +1,14 @@
 """A production-shaped deployment on loopback: Debian's PostgreSQL holds Airflow 3's metadata (LocalExecutor) and
-an MLflow tracking server's runs; the server keeps the artifacts in its own store. Two penguin runs go at once,
-from the CLI and as DAG runs: both succeed, share no directory, and both records are whole on the server.
+an MLflow tracking server's runs; the server keeps the artifacts in the object store (gs://, gcp-storage-emulator),
+where the DAG runs keep theirs too. Two penguin runs go at once, from the CLI and as DAG runs: both succeed, share
+no directory, and both records are whole on the server.
 """
 import os
 import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 from tests.helpers import REPO
 from tests.services import MlflowServer, Postgres
@@ -20,15 +22,17 @@ def postgres():
 
 
 @pytest.fixture(scope="module")
-def tracking_server(postgres, tmp_path_factory):
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), postgres.create_database("mlflow")).start()
+def tracking_server(postgres, gcs_server, tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), postgres.create_database("mlflow"),
+                          f"{gcs_server.root}/mlflow", gcs_server.env()).start()
     yield server
     server.stop()
 
 
-def _files(folder) -> list[str]:
-    return sorted(os.path.relpath(os.path.join(root, name), folder)
-                  for root, _, names in os.walk(folder) for name in names)
+def _files(root: str) -> list[str]:
+    """Every file under a gs:// root, relative to it."""
+    return sorted(os.path.join(folder, name)[len(root) + 1:] for folder, _, names in tf.io.gfile.walk(root)
+                  for name in names)
 
 
 def _check_records(server, experiment_name: str, seeds: list[int]) -> list:
@@ -41,7 +45,7 @@ def _check_records(server, experiment_name: str, seeds: list[int]) -> list:
     assert experiment.artifact_location.startswith("mlflow-artifacts:"), experiment.artifact_location
     recorded = [r for r in client.search_runs([experiment.experiment_id]) if int(r.data.params["seed"]) in seeds]
     assert sorted(int(r.data.params["seed"]) for r in recorded) == sorted(seeds)
-    stored = _files(server.artifacts)
+    stored = _files(server.artifacts)  # the server's artifact store, on the object store
     for run in recorded:
         assert run.info.status == "FINISHED"
         assert run.data.metrics["eval_accuracy"] > 0.5 and "duration_s.Trainer" in run.data.metrics
@@ -52,7 +56,7 @@ def _check_records(server, experiment_name: str, seeds: list[int]) -> list:
     return recorded
 
 
-def test_two_cli_runs_at_once_are_recorded_whole_on_a_postgres_backed_server(tracking_server, tmp_path):
+def test_two_cli_runs_at_once_are_recorded_whole_on_a_postgres_backed_server(tracking_server, gcs, tmp_path):
     home = tmp_path / "home"
     env = dict(os.environ, HPML_HOME=str(home), MLFLOW_TRACKING_URI=tracking_server.url)
     hpml = os.path.join(os.path.dirname(sys.executable), "hpml")
@@ -70,14 +74,18 @@ def test_two_cli_runs_at_once_are_recorded_whole_on_a_postgres_backed_server(tra
     assert not (home / "mlartifacts").exists(), "no artifact was left on this machine's disk"
 
 
-def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(postgres, tracking_server, tmp_path):
+def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(postgres, tracking_server, gcs,
+                                                                              tmp_path):
+    """The artifact root is on the object store: every task of both runs reads and writes its artifacts there."""
     from airflow_stack import AirflowStack
 
     home = tmp_path / "home"
+    artifact_root = f"{gcs.root}/{tmp_path.name}/artifacts"
     stack = AirflowStack(tmp_path / "airflow", {
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.create_database("airflow"),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "4",
-        "HPML_SCHEDULE": "none", "HPML_HOME": str(home), "MLFLOW_TRACKING_URI": tracking_server.url}).start()
+        "HPML_SCHEDULE": "none", "HPML_HOME": str(home), "MLFLOW_TRACKING_URI": tracking_server.url,
+        "HPML_ARTIFACT_ROOT": artifact_root, **gcs.env()}).start()
     try:
         stack.wait_for_dag("penguin")
         run_ids = [stack.api("dags/penguin/dagRuns", "POST", {"logical_date": None,
@@ -90,6 +98,12 @@ def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(po
         stack.stop()
     recorded = _check_records(tracking_server, "penguin", [11, 12])
     assert sorted(r.data.tags["airflow.run_id"] for r in recorded) == sorted(run_ids)
-    run_dirs = sorted(os.listdir(home / "artifacts" / "penguin"))
-    assert len(run_dirs) == 2, run_dirs
-    assert not (home / "mlartifacts").exists(), "no artifact was left on the worker's disk"
+    run_dirs = sorted(r.data.tags["hpml.run_dir"] for r in recorded)
+    assert len(set(run_dirs)) == 2 and all(d.startswith(f"{artifact_root}/penguin/") for d in run_dirs), run_dirs
+    for run_dir in run_dirs:  # every artifact of both runs is on the object store, published whole
+        stored = _files(run_dir)
+        for artifact in ("ExampleGen/examples", "Transform/transform_graph", "Trainer/model", "report"):
+            assert f"{artifact}/_hpml_published.json" in stored, (artifact, stored)
+        assert "Trainer/model/Format-Serving/saved_model.pb" in stored
+    assert not (home / "artifacts").exists() and not (home / "mlartifacts").exists(), \
+        "no artifact was left on the worker's disk"
