@@ -6,6 +6,7 @@ Local paths use the standard library, so code that never sees a URL never import
 from __future__ import annotations
 
 import glob as _glob
+import io
 import os
 import shutil
 from typing import IO, Iterator
@@ -33,6 +34,35 @@ def open_file(path: str, mode: str = "r") -> IO:
     if is_url(path):
         return _gfile().GFile(path, mode)
     return open(path, mode, encoding=None if "b" in mode else "utf-8")
+
+
+class _GFileReader(io.RawIOBase):
+    """TF's GFile as a raw stream, so that io.BufferedReader, io.TextIOWrapper and gzip can read from it."""
+
+    def __init__(self, gfile):
+        self._gfile = gfile
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._gfile.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def tell(self) -> int:
+        return self._gfile.tell()
+
+    def close(self) -> None:
+        self._gfile.close()
+        super().close()
+
+
+def open_stream(path: str) -> io.BufferedIOBase:
+    """A buffered binary reader, for what wants a real stream (csv through io.TextIOWrapper, gzip)."""
+    if is_url(path):
+        return io.BufferedReader(_GFileReader(_gfile().GFile(path, "rb")))
+    return open(path, "rb")
 
 
 def read_text(path: str) -> str:

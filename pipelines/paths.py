@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from hpml.components.errors import SpecError
@@ -25,14 +26,33 @@ def artifact_root() -> str:
     return str(Path(root or hpml_home() / "artifacts").expanduser().resolve())
 
 
+def _extra_roots() -> list[str]:
+    # Split on os.pathsep (':' on Linux) without cutting a URL's "gs://".
+    extra = os.environ.get("HPML_DATA_ROOTS", "")
+    return [p for p in re.split(os.pathsep + r"(?!//)", extra) if p]
+
+
 def data_roots() -> list[Path]:
     """Directories data paths must lie under: `HPML_DATA_ROOTS` (os.pathsep-separated) and `HPML_HOME`."""
-    extra = os.environ.get("HPML_DATA_ROOTS", "")
-    return [root.resolve() for root in [hpml_home(), *(Path(p).expanduser() for p in extra.split(os.pathsep) if p)]]
+    return [root.resolve() for root in [hpml_home(), *(Path(p).expanduser() for p in _extra_roots()
+                                                       if "://" not in p)]]
+
+
+def url_data_roots() -> list[str]:
+    """The object-store prefixes in `HPML_DATA_ROOTS` (gs://bucket/data), and the artifact root where it is one."""
+    roots = [p.rstrip("/") for p in _extra_roots() if "://" in p]
+    return roots + ([artifact_root()] if "://" in artifact_root() else [])
 
 
 def confine(path: str, field: str) -> str:
     """The resolved path, or a SpecError if it escapes every configured data root."""
+    if "://" in path:
+        parts = path.split("/")
+        if ".." not in parts and any(path == root or path.startswith(root + "/") for root in url_data_roots()):
+            return path
+        raise SpecError(f"parameter {field!r}: {path} is outside the allowed data roots",
+                        hint=f"add its prefix (e.g. gs://bucket/data) to HPML_DATA_ROOTS (separated by "
+                             f"'{os.pathsep}')")
     resolved = Path(path).expanduser().resolve()
     for root in data_roots():
         if resolved == root or root in resolved.parents:

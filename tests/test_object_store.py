@@ -102,3 +102,36 @@ def test_a_killed_example_gen_leaves_nothing_the_next_task_reads(gcs, tmp_path, 
     assert any(name.startswith("Split-train/data_tfrecord-") for name in manifest)
     shards = artifacts.require_files(artifacts.examples_file_pattern(gen["examples"], "train"), "Examples")
     assert sum(1 for _ in tf.data.TFRecordDataset(shards, compression_type="GZIP")) > 100
+
+
+def _records(uri: str, split: str) -> list[bytes]:
+    shards = artifacts.require_files(artifacts.examples_file_pattern(uri, split), "Examples")
+    return sorted(r.numpy() for r in tf.data.TFRecordDataset(shards, compression_type="GZIP"))
+
+
+def test_example_gen_reads_csv_from_the_object_store_as_from_local_disk(gcs, tmp_path, penguin_csv):
+    import gzip
+
+    data = f"{gcs.root}/{tmp_path.name}/data"
+    raw = open(penguin_csv, "rb").read()
+    with tf.io.gfile.GFile(f"{data}/part-0.csv.gz", "wb") as handle:  # a compressed part, as Spark writes them
+        handle.write(gzip.compress(raw))
+    with tf.io.gfile.GFile(f"{data}/_SUCCESS", "wb") as handle:
+        handle.write(b"")
+    local = {"examples": str(tmp_path / "examples"), "schema": str(tmp_path / "schema")}
+    remote = {"examples": f"{gcs.root}/{tmp_path.name}/examples", "schema": f"{gcs.root}/{tmp_path.name}/schema"}
+    EXAMPLE_GEN.run({}, local, {"input_path": penguin_csv})
+    EXAMPLE_GEN.run({}, remote, {"input_path": data})  # the folder: its _SUCCESS marker is not data
+    for split in ("train", "eval"):
+        assert _records(remote["examples"], split) == _records(local["examples"], split)
+    assert files.read_text(f"{remote['schema']}/schema.pbtxt") == open(f"{local['schema']}/schema.pbtxt").read()
+
+
+def test_data_paths_on_an_object_store_are_confined_to_the_configured_prefixes(monkeypatch):
+    from hpml.pipelines.paths import confine
+
+    monkeypatch.setenv("HPML_DATA_ROOTS", f"/srv/data{os.pathsep}gs://team-bucket/data")
+    assert confine("gs://team-bucket/data/penguins.csv", "input_path") == "gs://team-bucket/data/penguins.csv"
+    for outside in ("gs://team-bucket/database.csv", "gs://team-bucket/data/../secrets.csv", "gs://other/data/x"):
+        with pytest.raises(SpecError, match="outside the allowed data roots"):
+            confine(outside, "input_path")

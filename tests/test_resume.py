@@ -17,7 +17,7 @@ from hpml.components.trainer.callbacks import PROGRESS_FILE, read_progress
 from hpml.components.trainer.resume import backed_up_steps, backup_dir
 from tests.helpers import REPO, trainer_inputs, trainer_outputs
 
-EPOCHS, BATCH, KILLS = 20, 8, 3
+EPOCHS, BATCH, KILLS = 12, 8, 3
 TOTAL_STEPS = EPOCHS * 28  # penguin's 217 training rows in batches of 8
 PARAMS = {"module": "hpml.examples.penguin.module", "backup_save_freq": 5,
           "hyperparameters": {"epochs": EPOCHS, "batch_size": BATCH}}

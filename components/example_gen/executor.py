@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import apache_beam as beam
 
 from hpml.components import artifacts
+from hpml.components import files as file_system
 from hpml.components.beam_utils import counter_value, make_pipeline, run_pipeline
 from hpml.components.errors import InputDataError
 from hpml.components.example_gen import schema_inference, sources
@@ -77,7 +78,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             other_header = sources.read_csv_header(other, params["encoding"])
             if other_header != header:
                 glob_hint = f"; a glob such as {os.path.join(source, '*.csv')} picks the parts alone" \
-                    if os.path.isdir(source) else ""
+                    if file_system.isdir(source) else ""
                 raise InputDataError(
                     f"{other}: header differs from {files[0]}: {sources.header_difference(other_header, header)}",
                     hint=f"every input file must hold the same columns in the same order{glob_hint}")

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import csv
-import glob
 import gzip
+import io
 import logging
 import math
 import os
@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import apache_beam as beam
 
+from hpml.components import files as file_system
 from hpml.components.errors import InputDataError, op_error_message
 from hpml.components.example_gen.text_encoding import DEFAULT_ENCODING, is_utf8, label, python_codec
 from hpml.components.zlib_streams import stream_problem
@@ -34,12 +35,12 @@ def expand_inputs(pattern: str) -> list[str]:
     """The input files for a path, directory or glob; a clear error when there are none. A directory's
     hidden and `_`-prefixed files (`.DS_Store`, Spark's `_SUCCESS`, `.crc` checksums) are not data, as in
     Hadoop's input formats; a glob is taken as written."""
-    if os.path.isdir(pattern):
-        files = sorted(p for p in glob.glob(os.path.join(pattern, "*"))
-                       if os.path.isfile(p) and not os.path.basename(p).startswith("_"))
+    if file_system.isdir(pattern):
+        files = [p for p in file_system.glob(os.path.join(pattern, "*"))
+                 if file_system.isfile(p) and not os.path.basename(p).startswith("_")]
     else:
-        files = sorted(glob.glob(pattern))
-        folders = [p for p in files if os.path.isdir(p)]
+        files = file_system.glob(pattern)
+        folders = [p for p in files if file_system.isdir(p)]
         if folders:  # a Spark output such as data.csv/ is a directory: open() would fail on it, unexplained
             raise InputDataError(f"{folders[0]}: a directory, matched by {pattern}",
                                  hint="give the directory itself as the input path to read its files, or a glob "
@@ -53,8 +54,16 @@ def open_csv(path: str, encoding: str = DEFAULT_ENCODING):
     """A CSV file as text, GZIP-compressed (Spark's `.csv.gz` parts) or not: the magic bytes decide. Bytes
     the encoding cannot decode come through as lone surrogates (see `undecodable`), so the row holding them can
     be named and, like any bad row, skipped: a strict decoder fails a whole 8 KB block, at no particular line."""
-    opener = gzip.open if _is_gzip(path) else open
-    return opener(path, "rt", newline="", encoding=python_codec(encoding), errors="surrogateescape")
+    return io.TextIOWrapper(_open_binary(path), newline="", encoding=python_codec(encoding),
+                            errors="surrogateescape")
+
+
+def _open_binary(path: str):
+    """The file's bytes, decompressed where it is GZIP; local, or on an object store (gs://)."""
+    if not file_system.is_url(path):
+        return (gzip.open if _is_gzip(path) else open)(path, "rb")
+    stream = file_system.open_stream(path)
+    return gzip.GzipFile(fileobj=stream) if _is_gzip(path) else stream
 
 
 def undecodable(text: str) -> str | None:
@@ -204,7 +213,7 @@ def _share_of_file(path: str, text_handle) -> Callable[[int], float]:
     """How far through the file on disk a text handle from `open_csv` is: its bytes read (compressed, for a
     GZIP file, whose stream reads from `fileobj`) against the file's size."""
     binary = text_handle.buffer
-    raw, size = getattr(binary, "fileobj", binary), os.path.getsize(path)
+    raw, size = getattr(binary, "fileobj", binary), file_system.size(path)
     return lambda _rows: raw.tell() / size if size else 1.0
 
 
@@ -502,8 +511,7 @@ class ReadTFRecordExamples(beam.DoFn):
                 yield path, index, record
         except tf.errors.DataLossError as err:
             if index == 0 and not looks_like_tfrecord(path):
-                opener = gzip.open if _is_gzip(path) else open
-                with opener(path, "rb") as handle:
+                with _open_binary(path) as handle:
                     start = handle.read(24).decode("utf-8", "replace")
                 raise InputDataError(f"{path}: not a TFRecord file (it starts with {start!r})",
                                      hint="ExampleGen reads CSV files with input_format='csv'") from None
@@ -518,7 +526,7 @@ class ReadTFRecordExamples(beam.DoFn):
 
 
 def _is_gzip(path: str) -> bool:
-    with open(path, "rb") as handle:
+    with file_system.open_stream(path) as handle:
         return handle.read(2) == b"\x1f\x8b"
 
 
@@ -526,9 +534,8 @@ def looks_like_tfrecord(path: str) -> bool:
     """Whether the file (GZIP or not) opens with TFRecord framing: an 8-byte little-endian length and a 4-byte
     CRC, that many bytes and a 4-byte CRC, then either the end or the next record's length. Text never
     passes: with no zero byte in its first 8, they read as a length of at least 2**56."""
-    opener = gzip.open if _is_gzip(path) else open
     try:
-        with opener(path, "rb") as handle:
+        with _open_binary(path) as handle:
             head = handle.read(12)
             if len(head) < 12:
                 return False
