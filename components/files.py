@@ -66,7 +66,8 @@ def open_stream(path: str) -> io.BufferedIOBase:
 
 
 def read_text(path: str) -> str:
-    """The whole file; FileNotFoundError where it is missing, on an object store too."""
+    """The whole file; FileNotFoundError where it is missing and OSError where it cannot be read, on an object
+    store too."""
     if not is_url(path):
         with open(path, encoding="utf-8") as handle:
             return handle.read()
@@ -77,6 +78,8 @@ def read_text(path: str) -> str:
             return handle.read()
     except tf.errors.NotFoundError:
         raise FileNotFoundError(path) from None
+    except tf.errors.OpError as err:  # e.g. the object was replaced while it was read
+        raise OSError(f"{path}: {err.message}") from None
 
 
 def write_text(path: str, text: str) -> None:

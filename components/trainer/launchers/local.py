@@ -160,6 +160,11 @@ class LocalLauncher:
             return {p.name: p.popen.pid for p in self.processes if p.popen.poll() is None}
 
     def _write_pids(self, path: str) -> None:
+        from hpml.components import files
+
+        if files.is_url(path):  # an object appears whole when written
+            files.write_text(path, json.dumps(self.pids()))
+            return
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(self.pids(), handle)

@@ -1,9 +1,8 @@
 """The Trainer's remote launches: a Kubeflow TFJob or a Vertex AI CustomJob running the worker
 entry point on the job file the Trainer wrote.
 
-The cluster must see the same paths as the Trainer task: the artifact root (HPML_ARTIFACT_ROOT)
-on shared storage mounted at the same path in every pod (a PVC), or a gcsfuse path such as
-/gcs/<bucket>/... on Vertex AI. `RemoteCluster` is the Trainer's `cluster` parameter, typed.
+The cluster must reach the artifact root (HPML_ARTIFACT_ROOT) as the Trainer task does: on an object store
+(gs://), or on shared storage mounted at the same path in every pod (a PVC). `RemoteCluster` is the Trainer's `cluster` parameter, typed.
 """
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from hpml.components import files
 from hpml.components.errors import SpecError
 from hpml.components.trainer.launchers import vertex
 from hpml.components.trainer.launchers.cluster_job import ClusterJob
@@ -83,7 +83,7 @@ def strategy_for(requested: str, num_ps: int) -> str:
 
 def job_name(model_uri: str) -> str:
     """A Kubernetes name unique to this attempt: a retried task must not collide with its last job."""
-    digest = hashlib.sha256(os.path.abspath(model_uri).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(files.absolute(model_uri).encode()).hexdigest()[:10]
     return f"hpml-trainer-{digest}-{uuid.uuid4().hex[:6]}"
 
 
