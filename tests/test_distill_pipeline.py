@@ -136,11 +136,12 @@ def test_soft_target_cache_holds_the_teachers_averaged_softened_outputs(distill_
     np.testing.assert_allclose(cached.sum(axis=1), 1.0, rtol=1e-5)
 
 
-def test_soft_targets_in_two_beam_processes_write_the_in_process_output(distill_run, tmp_path):
-    """Beam's multi-process runner (two SDK worker processes, each loading the teachers) writes the soft targets
-    the DAG's in-process run wrote, to float32 rounding: the teachers may see other batches."""
+def test_soft_targets_in_two_beam_processes_write_the_in_process_output(distill_run, tmp_path, gcs):
+    """Beam's multi-process runner (two SDK worker processes, each loading the teachers), writing to the object
+    store, writes the soft targets the DAG's in-process run wrote to local disk, to float32 rounding: the teachers
+    may see other batches."""
     outputs = distill_run["outputs"]
-    cache = str(tmp_path / "soft_targets")
+    cache = f"{gcs.root}/{tmp_path.name}/soft_targets"
     SOFT_TARGETS.run({"examples": outputs["Transform"]["transformed_examples"],
                       "transform_graph": outputs["Transform"]["transform_graph"],
                       "teachers": [outputs[f"Teacher_{i}"]["model"] for i in range(3)]},
@@ -149,7 +150,7 @@ def test_soft_targets_in_two_beam_processes_write_the_in_process_output(distill_
                       "beam_pipeline_args": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]})
 
     def rows(folder, split):
-        files = glob.glob(os.path.join(folder, f"Split-{split}", "*.gz"))
+        files = tf.io.gfile.glob(os.path.join(folder, f"Split-{split}", "*.gz"))
         examples = [tf.train.Example.FromString(r.numpy())
                     for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
         table = [[*e.features.feature["pixels"].float_list.value, *e.features.feature["digit"].int64_list.value,
@@ -160,7 +161,7 @@ def test_soft_targets_in_two_beam_processes_write_the_in_process_output(distill_
         got, want = rows(cache, split), rows(outputs["SoftTargets"]["examples"], split)
         assert got.shape == want.shape and len(got) > 100
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert json.load(open(os.path.join(cache, "soft_targets.json"))) == \
+    assert json.loads(tf.io.gfile.GFile(os.path.join(cache, "soft_targets.json")).read()) == \
         json.load(open(os.path.join(outputs["SoftTargets"]["examples"], "soft_targets.json")))
 
 

@@ -77,9 +77,9 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, Any], params: Mapping[s
         raise SpecError(f"SoftTargets: label_key {params['label_key']!r} is not a transformed feature",
                         hint=f"transformed features: {', '.join(sorted(feature_spec))}")
     splits = artifacts.list_splits(inputs["examples"])
-    files = {s: artifacts.require_files(artifacts.transformed_examples_file_pattern(inputs["examples"], s),
+    shards = {s: artifacts.require_files(artifacts.transformed_examples_file_pattern(inputs["examples"], s),
                                         f"SoftTargets examples split {s}") for s in splits}
-    num_classes = _class_counts(teacher_dirs, feature_spec, params["label_key"], files[splits[0]][0])
+    num_classes = _class_counts(teacher_dirs, feature_spec, params["label_key"], shards[splits[0]][0])
     temperature = float(params["temperature"])
     with artifacts.publish(outputs["examples"]) as out_dir:
         pipeline = make_pipeline(params["beam_pipeline_args"])
