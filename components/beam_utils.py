@@ -1,13 +1,18 @@
 """Running Beam pipelines: pipeline args pass through unchanged, errors come back clean."""
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from typing import Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from hpml.components.errors import HpmlError
+from hpml.components.errors import HpmlError, SpecError
+
+# Beam args for every component whose pipeline gives it none, e.g. "--runner=DataflowRunner --project=p ...".
+BEAM_ARGS_ENV = "HPML_BEAM_PIPELINE_ARGS"
 
 _BEAM_CONTEXT = re.compile(r"\s*\[while running '[^']*'\]")
 
@@ -17,9 +22,20 @@ _BEAM_CONTEXT = re.compile(r"\s*\[while running '[^']*'\]")
 IN_PROCESS_RUNNER = "FnApiRunner"
 
 
+def deployment_args() -> list[str]:
+    """`HPML_BEAM_PIPELINE_ARGS`, split as a shell would: the deployment's Beam runner and its settings."""
+    text = os.environ.get(BEAM_ARGS_ENV, "")
+    try:
+        return shlex.split(text)
+    except ValueError as err:
+        raise SpecError(f"{BEAM_ARGS_ENV}: {err} in {text!r}",
+                        hint="write the args as on a command line, quoting values with spaces") from None
+
+
 def make_pipeline(beam_pipeline_args: Sequence[str] | None) -> beam.Pipeline:
-    """A Beam pipeline on the in-process runner unless the args name another runner (which they do unchanged)."""
-    args = list(beam_pipeline_args or [])
+    """A Beam pipeline on the in-process runner unless the args name another runner (which they do unchanged).
+    A component given no args takes the deployment's (`HPML_BEAM_PIPELINE_ARGS`)."""
+    args = list(beam_pipeline_args or deployment_args())
     if not any(a.startswith("--runner") for a in args):
         args.append(f"--runner={IN_PROCESS_RUNNER}")
     return beam.Pipeline(options=PipelineOptions(args))

@@ -28,8 +28,8 @@ def training_params_schema(default_data_path: str) -> dict:
             "data_path": {
                 "type": "string", "format": "path", "minLength": 1, "default": default_data_path,
                 "title": "Data path",
-                "description": "CSV file (plain or GZIP), directory or glob to ingest. A path other than "
-                               "this default must lie under HPML_DATA_ROOTS.",
+                "description": "CSV file (plain or GZIP), directory or glob to ingest, local or gs://. A path "
+                               "other than this default must lie under HPML_DATA_ROOTS.",
             },
             "epochs": {
                 "type": "integer", "minimum": 1, "maximum": 1000, "default": 10,

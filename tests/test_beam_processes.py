@@ -5,6 +5,7 @@ import logging
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from hpml.components.example_gen import EXAMPLE_GEN
@@ -38,8 +39,15 @@ def _assets(transform_graph: str) -> dict:
             for name in sorted(tf.io.gfile.listdir(folder))}
 
 
+def _workers_started(log: str) -> int:
+    """SDK worker processes that logged their start through the job service (the in-process runner starts none)."""
+    started = 'Worker: severity: INFO', 'message: "Logging handler created."'
+    return sum(all(part in line for part in started) for line in log.splitlines())
+
+
 def test_example_gen_and_transform_in_two_beam_processes_write_the_in_process_output(tmp_path, penguin_csv, caplog,
-                                                                                      gcs):
+                                                                                      gcs, monkeypatch):
+    """ExampleGen is given its Beam args; Transform, given none, takes the deployment's (HPML_BEAM_PIPELINE_ARGS)."""
     runs = {}
     for name, args, root in (("in_process", [], str(tmp_path)),
                              ("two_processes", TWO_PROCESSES, f"{gcs.root}/{tmp_path.name}")):
@@ -49,13 +57,14 @@ def test_example_gen_and_transform_in_two_beam_processes_write_the_in_process_ou
         with caplog.at_level(logging.INFO):
             caplog.clear()
             EXAMPLE_GEN.run({}, gen, {"input_path": penguin_csv, "beam_pipeline_args": args})
-            TRANSFORM.run(gen, transform, {"module": "hpml.examples.penguin.module", "beam_pipeline_args": args})
-            runs[name] = (gen, transform, caplog.text)
-    (gen, transform, _), (gen2, transform2, log2) = runs["in_process"], runs["two_processes"]
-    # Each SDK worker process logs its start through the job service; the in-process runner starts none.
-    started = 'Worker: severity: INFO', 'message: "Logging handler created."'
-    assert sum(all(part in line for part in started) for line in log2.splitlines()) >= 2, "no worker processes"
-    assert not any(all(part in line for part in started) for line in runs["in_process"][2].splitlines())
+            gen_log = caplog.text
+            caplog.clear()
+            monkeypatch.setenv("HPML_BEAM_PIPELINE_ARGS", " ".join(args))
+            TRANSFORM.run(gen, transform, {"module": "hpml.examples.penguin.module"})
+            runs[name] = (gen, transform, gen_log, caplog.text)
+    (gen, transform, *logs), (gen2, transform2, *logs2) = runs["in_process"], runs["two_processes"]
+    assert [_workers_started(log) >= 2 for log in logs2] == [True, True], "no worker processes"
+    assert [_workers_started(log) for log in logs] == [0, 0]
     for split in ("train", "eval"):
         assert _records(gen2["examples"], split) == _records(gen["examples"], split)
         # Means and variances combined from two workers' partial sums may differ in the last bits.
@@ -65,3 +74,17 @@ def test_example_gen_and_transform_in_two_beam_processes_write_the_in_process_ou
     assert tf.io.gfile.GFile(os.path.join(gen2["schema"], "schema.pbtxt")).read() == \
         open(os.path.join(gen["schema"], "schema.pbtxt")).read()
     assert _assets(transform2["transform_graph"]) == _assets(transform["transform_graph"])
+
+
+def test_the_deployment_beam_args_apply_where_a_component_is_given_none(monkeypatch):
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from hpml.components.beam_utils import make_pipeline
+    from hpml.components.errors import SpecError
+
+    monkeypatch.setenv("HPML_BEAM_PIPELINE_ARGS", "--direct_num_workers=3 --job_name='nightly run'")
+    assert make_pipeline([]).options.view_as(DirectOptions).direct_num_workers == 3
+    assert make_pipeline(["--direct_num_workers=5"]).options.view_as(DirectOptions).direct_num_workers == 5
+    monkeypatch.setenv("HPML_BEAM_PIPELINE_ARGS", "--job_name='nightly")
+    with pytest.raises(SpecError, match="HPML_BEAM_PIPELINE_ARGS: No closing quotation"):
+        make_pipeline([])
