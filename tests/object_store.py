@@ -66,6 +66,9 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 
 class _FrontHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: with Nagle's algorithm on, the client's delayed ACK held each
+    # reply back ~40 ms.
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):  # the tests read the emulator's state, not the front's chatter
         pass
