@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from hpml.components.errors import SpecError
+from hpml.components.files import is_url
 
 
 def hpml_home() -> Path:
@@ -21,7 +22,7 @@ def artifact_root() -> str:
     """Where runs write their artifacts: `HPML_ARTIFACT_ROOT`, a local folder or a URL every worker reaches
     (gs://bucket/prefix); the default is `HPML_HOME/artifacts`."""
     root = os.environ.get("HPML_ARTIFACT_ROOT")
-    if root and "://" in root:
+    if root and is_url(root):
         return root.rstrip("/")
     return str(Path(root or hpml_home() / "artifacts").expanduser().resolve())
 
@@ -35,18 +36,18 @@ def _extra_roots() -> list[str]:
 def data_roots() -> list[Path]:
     """Directories data paths must lie under: `HPML_DATA_ROOTS` (os.pathsep-separated) and `HPML_HOME`."""
     return [root.resolve() for root in [hpml_home(), *(Path(p).expanduser() for p in _extra_roots()
-                                                       if "://" not in p)]]
+                                                       if not is_url(p))]]
 
 
 def url_data_roots() -> list[str]:
     """The object-store prefixes in `HPML_DATA_ROOTS` (gs://bucket/data), and the artifact root where it is one."""
-    roots = [p.rstrip("/") for p in _extra_roots() if "://" in p]
-    return roots + ([artifact_root()] if "://" in artifact_root() else [])
+    roots = [p.rstrip("/") for p in _extra_roots() if is_url(p)]
+    return roots + ([artifact_root()] if is_url(artifact_root()) else [])
 
 
 def confine(path: str, field: str) -> str:
     """The resolved path, or a SpecError if it escapes every configured data root."""
-    if "://" in path:
+    if is_url(path):
         parts = path.split("/")
         if ".." not in parts and any(path == root or path.startswith(root + "/") for root in url_data_roots()):
             return path

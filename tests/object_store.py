@@ -177,7 +177,7 @@ class GcsServer:
         return f"gs://{self.bucket}"
 
     def start(self, timeout_s: float = 60) -> "GcsServer":
-        log = open(self.folder / "emulator.log", "wb")
+        self._log = log = open(self.folder / "emulator.log", "wb")
         emulator = subprocess.Popen(
             [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(self.port),
              "--in-memory", "--default-bucket", self.bucket],
@@ -244,3 +244,6 @@ class GcsServer:
                 except subprocess.TimeoutExpired:
                     process.kill()
         self._processes = []
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
