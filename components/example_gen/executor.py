@@ -1,4 +1,8 @@
-"""ExampleGen executor: one Beam pipeline from raw files to split tf.Examples and a schema."""
+"""ExampleGen executor: one Beam pipeline from raw files to split tf.Examples and a schema.
+
+CSV input is planned into work items (pieces of large files, groups of small ones) that workers read side by side in
+two passes, each holding one chunk of rows at a time: column kinds, then the typed examples, written by each item to
+its own shard of every split (`csv_source`). TFRecord input is read a record at a time (`tfrecord_source`)."""
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +15,9 @@ from hpml.components import artifacts
 from hpml.components import files as file_system
 from hpml.components.beam_utils import counter_value, make_pipeline, run_pipeline
 from hpml.components.errors import InputDataError
-from hpml.components.example_gen import schema_inference, sources
+from hpml.components.example_gen import csv_chunks, csv_header, csv_source, schema_inference, tfrecord_source
+from hpml.components.example_gen import inputs as input_files
+from hpml.components.example_gen.progress import NAMESPACE, log
 
 
 def _bucket(key: bytes, total: int) -> int:
@@ -65,7 +71,7 @@ def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: 
 
 
 def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
-    files = sources.expand_inputs(params["input_path"])
+    files = input_files.expand_inputs(params["input_path"])
     source = params["input_path"]
     required = list(params["required_columns"])
     numeric = list(params["numeric_columns"])
@@ -73,71 +79,39 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     buckets = [params["splits"][name] for name in split_names]
 
     if params["input_format"] == "csv":
-        header = sources.read_csv_header(files[0], params["encoding"])
+        header = csv_header.read_csv_header(files[0], params["encoding"])
         for other in files[1:]:
-            other_header = sources.read_csv_header(other, params["encoding"])
+            other_header = csv_header.read_csv_header(other, params["encoding"])
             if other_header != header:
                 glob_hint = f"; a glob such as {os.path.join(source, '*.csv')} picks the parts alone" \
                     if file_system.isdir(source) else ""
                 raise InputDataError(
-                    f"{other}: header differs from {files[0]}: {sources.header_difference(other_header, header)}",
+                    f"{other}: header differs from {files[0]}: {csv_header.header_difference(other_header, header)}",
                     hint=f"every input file must hold the same columns in the same order{glob_hint}")
         for name in [*required, *numeric]:
             if name not in header:
                 kind = "required" if name in required else "numeric"
                 raise InputDataError(f"{files[0]}:1: {kind} column {name!r} is missing",
-                                     hint=sources.describe_header(header))
-    elif not any(sources.has_any_record(f) for f in files):
+                                     hint=csv_header.describe_header(header))
+    elif not any(input_files.has_any_record(f) for f in files):
         raise InputDataError(f"{source}: the TFRecord input holds no records")
 
     with artifacts.publish(outputs["examples"]) as examples_dir, artifacts.publish(outputs["schema"]) as schema_dir:
         pipeline = make_pipeline(params["beam_pipeline_args"])
-        file_list = pipeline | "ListFiles" >> beam.Create(files)
         if params["input_format"] == "csv":
-            rows = file_list | "ReadCsv" >> beam.ParDo(
-                sources.ReadCsvRows(header, params["na_values"], params["skip_bad_rows"], required, numeric,
-                                    params["encoding"])
-            )
-            kinds = rows | "InferColumnKinds" >> beam.CombineGlobally(sources.ColumnKinds(header))
-            total = rows | "CountRows" >> beam.combiners.Count.Globally()  # for ToExample's progress lines
-            records = rows | "ToExample" >> beam.ParDo(sources.CsvRowsToExamples(params["skip_bad_rows"]),
-                                                       kinds=beam.pvalue.AsSingleton(kinds),
-                                                       total_rows=beam.pvalue.AsSingleton(total))
+            stats = _write_csv_examples(pipeline, files, header, params, examples_dir, split_names, buckets)
         else:
-            records = file_list | "ReadTFRecord" >> beam.ParDo(
-                sources.ReadTFRecordExamples(params["skip_bad_rows"], required, numeric)
-            )
-
+            stats = _write_tfrecord_examples(pipeline, files, params, examples_dir, split_names, buckets)
         _ = (
-            records
-            | "FeatureStats" >> beam.CombineGlobally(schema_inference.FeatureStats())
+            stats
             | "WriteSchema" >> beam.Map(
                 _finish_schema, schema_dir, params["schema_path"], required, source,
                 header if params["input_format"] == "csv" else None)
         )
-        parts = records | "SplitByHash" >> beam.Partition(
-            _SplitByHash(buckets, params["partition_feature"]), len(split_names)
-        )
-        for index, name in enumerate(split_names):
-            counter = beam.metrics.Metrics.counter(sources.NAMESPACE, f"examples_{name}")
-
-            def _count(record, counter=counter):
-                counter.inc()
-                return record[2]
-
-            _ = (
-                parts[index]
-                | f"Count[{name}]" >> beam.Map(_count)
-                | f"Write[{name}]" >> beam.io.WriteToTFRecord(
-                    os.path.join(artifacts.split_dir(examples_dir, name), artifacts.EXAMPLES_FILE_PREFIX),
-                    file_name_suffix=artifacts.TFRECORD_GZ_SUFFIX,
-                    num_shards=params["num_shards"],
-                )
-            )
         result = run_pipeline(pipeline)
 
-        counts = {name: counter_value(result, sources.NAMESPACE, f"examples_{name}") for name in split_names}
-        bad_rows = counter_value(result, sources.NAMESPACE, "bad_rows")
+        counts = {name: counter_value(result, NAMESPACE, f"examples_{name}") for name in split_names}
+        bad_rows = counter_value(result, NAMESPACE, "bad_rows")
         if sum(counts.values()) == 0:
             raise InputDataError(f"{source}: no usable rows ({bad_rows} bad rows skipped)")
         empty = [name for name, count in counts.items() if count == 0]
@@ -150,10 +124,55 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     empty_columns = [f.name for f in schema_inference.read_schema(artifacts.schema_path(outputs["schema"])).feature
                      if schema_inference.is_empty_column(f)]
     if empty_columns:
-        sources.log.warning("ExampleGen: column(s) %s hold no value in any row; the schema names them as DISABLED "
+        log.warning("ExampleGen: column(s) %s hold no value in any row; the schema names them as DISABLED "
                             "features, which tf.Transform and TFX's readers skip", ", ".join(empty_columns))
     if bad_rows:
-        sources.log.warning("ExampleGen skipped %d bad row(s) of %d (skip_bad_rows=true); the log above names the "
+        log.warning("ExampleGen skipped %d bad row(s) of %d (skip_bad_rows=true); the log above names the "
                             "first", bad_rows, bad_rows + sum(counts.values()))
     return {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files),
             "empty_columns": empty_columns}
+
+
+def _write_csv_examples(pipeline, files, header, params, examples_dir, split_names, buckets):
+    """The CSV passes; returns the PCollection of the schema's feature statistics."""
+    items = csv_chunks.plan_work(files, params["encoding"], params["num_shards"])
+    settings = csv_source.CsvSettings(header, params["na_values"], params["skip_bad_rows"],
+                                      params["required_columns"], params["numeric_columns"], params["encoding"])
+    work = pipeline | "PlanWork" >> beam.Create(list(enumerate(items))) | "Spread" >> beam.Reshuffle()
+    kinds = (work
+             | "InferColumnKinds" >> beam.ParDo(csv_source.ColumnKinds(settings))
+             | "CollectKinds" >> beam.combiners.ToList()
+             | "MergeKinds" >> beam.Map(csv_source.merge_kinds, list(header)))
+    return (work
+            | "WriteExamples" >> beam.ParDo(
+                csv_source.WriteCsvExamples(settings, examples_dir, split_names, buckets, len(items),
+                                            params["partition_feature"]),
+                pass1=beam.pvalue.AsSingleton(kinds))
+            | "FeatureStats" >> beam.CombineGlobally(schema_inference.MergedFeatureStats()))
+
+
+def _write_tfrecord_examples(pipeline, files, params, examples_dir, split_names, buckets):
+    """TFRecord input, a record at a time; returns the PCollection of the schema's feature statistics."""
+    records = (pipeline
+               | "ListFiles" >> beam.Create(files)
+               | "ReadTFRecord" >> beam.ParDo(tfrecord_source.ReadTFRecordExamples(
+                   params["skip_bad_rows"], params["required_columns"], params["numeric_columns"])))
+    parts = records | "SplitByHash" >> beam.Partition(
+        _SplitByHash(buckets, params["partition_feature"]), len(split_names))
+    for index, name in enumerate(split_names):
+        counter = beam.metrics.Metrics.counter(NAMESPACE, f"examples_{name}")
+
+        def _count(record, counter=counter):
+            counter.inc()
+            return record[2]
+
+        _ = (
+            parts[index]
+            | f"Count[{name}]" >> beam.Map(_count)
+            | f"Write[{name}]" >> beam.io.WriteToTFRecord(
+                os.path.join(artifacts.split_dir(examples_dir, name), artifacts.EXAMPLES_FILE_PREFIX),
+                file_name_suffix=artifacts.TFRECORD_GZ_SUFFIX,
+                num_shards=params["num_shards"],
+            )
+        )
+    return records | "FeatureStats" >> beam.CombineGlobally(schema_inference.FeatureStats())

@@ -161,3 +161,19 @@ def write_schema(schema: schema_pb2.Schema, path: str) -> None:
     from google.protobuf import text_format
 
     files.write_text(path, text_format.MessageToString(schema))
+
+
+class MergedFeatureStats(beam.CombineFn):
+    """`FeatureStats` over accumulators that writers computed for a batch of records each."""
+
+    def create_accumulator(self):
+        return {"_n": 0}
+
+    def add_input(self, acc, stats):
+        return FeatureStats().merge_accumulators([acc, stats])
+
+    def merge_accumulators(self, accs):
+        return FeatureStats().merge_accumulators(accs)
+
+    def extract_output(self, acc):
+        return FeatureStats().extract_output(acc)

@@ -1,0 +1,80 @@
+"""The split and the output shards: which split each serialized tf.Example goes to, and one GZIP TFRecord file per
+work item and split.
+
+The split hashes each record (or its partition feature's values) with FarmHash Fingerprint64, the hash TFX's
+ExampleGen splits by, in one TF op over a whole batch. Shards are named `data_tfrecord-{item}-of-{items}.gz` by work
+item, so a retried item rewrites its own files and nothing else.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hpml.components import artifacts
+
+# zlib level 1: about 4x the speed of the default 6 on tf.Examples, whose repeated keys compress well at any level
+# (benchmarks/results/scale.md measures both); readers accept any level.
+GZIP_LEVEL = 1
+
+
+def bucket_bounds(buckets: Sequence[int]) -> np.ndarray:
+    """Cumulative hash buckets: split i takes the hashes in [bounds[i-1], bounds[i])."""
+    return np.cumsum(np.asarray(buckets, dtype=np.int64))
+
+
+def split_indices(keys: pa.Array, bounds: np.ndarray) -> np.ndarray:
+    """The split index of each key (binary), by Fingerprint64(key) mod the total number of buckets."""
+    import tensorflow as tf
+
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    values = np.asarray(keys.to_numpy(zero_copy_only=False), dtype=object)
+    buckets = tf.strings.to_hash_bucket_fast(values, int(bounds[-1])).numpy()
+    return np.searchsorted(bounds, buckets, side="right")
+
+
+def partition_keys(values: pa.Array) -> pa.Array:
+    """A feature's values in each row as the bytes the split hashes: its values as text, joined by commas. Null
+    where the row holds no value."""
+    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+        as_text = values.cast(pa.list_(pa.string()))
+        joined = pc.binary_join(as_text, ",")
+        return pc.if_else(pc.greater(pc.list_value_length(values), 0), joined, pa.scalar(None, pa.string())) \
+            .cast(pa.binary())
+    return values.cast(pa.string()).cast(pa.binary())
+
+
+def shard_path(examples_dir: str, split: str, item: int, items: int) -> str:
+    return os.path.join(artifacts.split_dir(examples_dir, split),
+                        f"{artifacts.EXAMPLES_FILE_PREFIX}-{item:05d}-of-{items:05d}{artifacts.TFRECORD_GZ_SUFFIX}")
+
+
+class ShardWriters:
+    """One GZIP TFRecord writer per split for one work item; `write` takes a batch of records and their splits."""
+
+    def __init__(self, examples_dir: str, splits: Sequence[str], item: int, items: int):
+        import tensorflow as tf
+
+        options = tf.io.TFRecordOptions(compression_type="GZIP", compression_level=GZIP_LEVEL)
+        self._writers = []
+        for split in splits:
+            path = shard_path(examples_dir, split, item, items)
+            tf.io.gfile.makedirs(os.path.dirname(path))
+            self._writers.append(tf.io.TFRecordWriter(path, options))
+        self.counts = [0] * len(splits)
+
+    def write(self, records: pa.Array, split_of: np.ndarray) -> None:
+        for index, writer in enumerate(self._writers):
+            chosen = records.filter(pa.array(split_of == index)) if len(self._writers) > 1 else records
+            self.counts[index] += len(chosen)
+            write = writer.write
+            for record in chosen.to_pylist():  # each write is one C++ call: framing, CRC32C and zlib
+                write(record)
+
+    def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
