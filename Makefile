@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # `make run` keeps its state (artifacts, run records, the local Airflow) in the checkout, not in ~/.local/share.
 export HPML_HOME ?= $(CURDIR)/.hpml
 
-.PHONY: env browser postgres run test test-tfx tfx-requirements bench bench-input bench-e2e clean
+.PHONY: env browser postgres run test test-tfx tfx-requirements bench bench-input bench-e2e bench-scale clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -80,6 +80,7 @@ bench: env
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 	$(VENV)/bin/python benchmarks/input_peers.py
 	$(VENV)/bin/python benchmarks/callbacks.py
+	$(VENV)/bin/python benchmarks/scale.py
 	$(MAKE) --no-print-directory bench-e2e
 
 # The penguin pipeline on TFX 1.16, hpml's local engine and hpml's Airflow engine (about 20 minutes on 2 cores).
@@ -93,6 +94,10 @@ bench-e2e: env
 bench-input: env
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 	$(VENV)/bin/python benchmarks/input_peers.py
+
+# ExampleGen on generated CSVs of 100k, 1M and 3M rows against the one-core limit (about 10 minutes on 2 cores).
+bench-scale: env
+	$(VENV)/bin/python benchmarks/scale.py
 
 clean:
 	rm -rf .hpml $(VENV) $(TFX_VENV) $(TOOLS)
