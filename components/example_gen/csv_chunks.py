@@ -8,7 +8,6 @@ in an encoding that is not ASCII-compatible (UTF-16), is one piece, read from it
 from __future__ import annotations
 
 import codecs
-import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -227,11 +226,12 @@ def plan_work(paths: Sequence[str], encoding: str, num_shards: int = 0,
 
 
 def item_name(item: Sequence[Piece]) -> str:
-    """A work item as a log line names it."""
+    """A work item as a log line names it: the file, its byte range where it is a piece of one, or how many files."""
     if not item:
         return "no input"
     first = item[0]
-    where = os.path.basename(first.path) if len(item) == 1 else f"{len(item)} files from {first.path}"
-    if len(item) == 1 and (first.start or first.end is not None):
+    if len(item) > 1:
+        return f"{len(item)} files from {first.path}"
+    if first.start or first.end is not None:
         return f"{first.path} [bytes {first.start:,}-{first.end if first.end is not None else 'end'}]"
-    return first.path if len(item) == 1 else where
+    return first.path

@@ -32,7 +32,6 @@ class CsvSettings:
     required: Sequence[str] = ()
     numeric: Sequence[str] = ()
     encoding: str = "utf-8"
-    chunk_bytes: int | None = None
     rules: RowRules = field(init=False, compare=False)
 
     def __post_init__(self):
@@ -126,8 +125,7 @@ class ColumnKinds(beam.DoFn):
         progress = Progress(f"{csv_chunks.item_name(item)}: column kinds", "rows")
         rows = 0
         for number, piece in enumerate(item):
-            for chunk_number, chunk in enumerate(csv_chunks.read_chunks(piece, settings.encoding,
-                                                                        settings.chunk_bytes)):
+            for chunk_number, chunk in enumerate(csv_chunks.read_chunks(piece, settings.encoding)):
                 columns, numeric = reader.fast(chunk), {}
                 if columns is not None:
                     bad, numeric = _read_rule_violations(columns, settings)
@@ -179,8 +177,7 @@ class WriteCsvExamples(beam.DoFn):
         progress = Progress(f"{csv_chunks.item_name(item)}: written", "rows", lambda: share[0])
         try:
             for number, piece in enumerate(item):
-                for chunk_number, chunk in enumerate(csv_chunks.read_chunks(piece, self._settings.encoding,
-                                                                            self._settings.chunk_bytes)):
+                for chunk_number, chunk in enumerate(csv_chunks.read_chunks(piece, self._settings.encoding)):
                     share[0] = (number + chunk.share) / len(item)
                     values = None
                     if (number, chunk_number) not in bad_chunks:
