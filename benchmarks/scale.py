@@ -31,14 +31,13 @@ def _child(kind: str, csv: str, out: str, extra: str) -> None:
         from hpml.components.example_gen import example_encoder, shards
 
         reader = pcsv.open_csv(csv, read_options=pcsv.ReadOptions(block_size=8 << 20))
-        writers = shards.ShardWriters(out, ["train"], 0, 1)
-        for batch in reader:
-            columns = {}
-            for name in batch.schema.names:
-                column = batch.column(name)
-                columns[name] = column if not str(column.type).startswith("string") else column.cast("binary")
-            writers.write(example_encoder.encode(columns, batch.num_rows), np.zeros(batch.num_rows, dtype=int))
-        writers.close()
+        with shards.ShardWriters(out, ["train"], 0, 1) as writers:
+            for batch in reader:
+                columns = {}
+                for name in batch.schema.names:
+                    column = batch.column(name)
+                    columns[name] = column if not str(column.type).startswith("string") else column.cast("binary")
+                writers.write(example_encoder.encode(columns, batch.num_rows), np.zeros(batch.num_rows, dtype=int))
     else:
         from hpml.components.example_gen import EXAMPLE_GEN
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from hpml.components.example_gen import EXAMPLE_GEN, csv_chunks, example_encoder
-from hpml.components.example_gen.csv_rows import BYTES, FLOAT, INT, NONE, column_kind_of
+from hpml.components.example_gen.csv_rows import BYTES, INT, NONE, column_kind_of
 from hpml.components.example_gen.schema_inference import read_schema
 
 HEADER = ["id", "amount", "count", "note", "code", "empty", "big"]
@@ -198,3 +198,51 @@ def test_the_encoder_writes_protobufs_deterministic_bytes(rows):
             (feature.bytes_list if isinstance(value, bytes) else
              feature.int64_list if isinstance(value, int) else feature.float_list).value.append(value)
         assert got[i] == example.SerializeToString(deterministic=True), i
+
+
+def test_tfrecord_input_in_many_batches_keeps_each_records_split_and_names_bad_records(tmp_path, monkeypatch):
+    """Read back as TFRecord input, ExampleGen's own examples land in the same split each (one hash for CSV and
+    TFRecord); a bad record in a later batch is named by its index in the file."""
+    from hpml.components.errors import InputDataError
+    from hpml.components.example_gen import tfrecord_source
+
+    monkeypatch.setattr(tfrecord_source, "BATCH_RECORDS", 64)
+    rows = [[str(i), f"{i}.5", str(i % 7), f"n{i % 5}", "c", "", "1"] for i in range(1000)]
+    path = _write(tmp_path / "t.csv", HEADER, rows)
+    first = {"examples": str(tmp_path / "a" / "examples"), "schema": str(tmp_path / "a" / "schema")}
+    EXAMPLE_GEN.run({}, first, {"input_path": path})
+    again = {"examples": str(tmp_path / "b" / "examples"), "schema": str(tmp_path / "b" / "schema")}
+    props = EXAMPLE_GEN.run({}, again, {"input_path": first["examples"] + "/Split-*/*.gz", "input_format": "tfrecord"})
+    assert sum(props["split_counts"].values()) == 1000
+    for split in ("train", "eval"):
+        assert sorted(_records(again["examples"], split)) == sorted(_records(first["examples"], split))
+    # The same schema, but for the CSV's all-empty column, which only a CSV header can name.
+    want = read_schema(os.path.join(first["schema"], "schema.pbtxt"))
+    del want.feature[[f.name for f in want.feature].index("empty")]
+    assert read_schema(os.path.join(again["schema"], "schema.pbtxt")) == want
+
+    records = sorted(_records(first["examples"]))
+    bad = tf.train.Example.FromString(records[300])
+    bad.features.feature["amount"].float_list.value[0] = float("inf")
+    records[300] = bad.SerializeToString()
+    records[700] = b"not an example"
+    source = str(tmp_path / "bad.tfrecord")
+    with tf.io.TFRecordWriter(source) as writer:
+        for record in records:
+            writer.write(record)
+    params = {"input_path": source, "input_format": "tfrecord"}
+    with pytest.raises(InputDataError) as err:
+        EXAMPLE_GEN.run({}, {"examples": str(tmp_path / "c" / "e"), "schema": str(tmp_path / "c" / "s")}, params)
+    assert str(err.value) == (f"{source}: record 301: feature 'amount' must hold finite numbers, got [inf] "
+                              "(leave the feature out where its value is missing)")
+    props = EXAMPLE_GEN.run({}, {"examples": str(tmp_path / "d" / "e"), "schema": str(tmp_path / "d" / "s")},
+                            dict(params, skip_bad_rows=True))
+    assert props["bad_rows"] == 2 and sum(props["split_counts"].values()) == 998
+    # Corruption in a later batch is placed after the last whole record, not at the batch's start.
+    data = open(source, "rb").read()
+    cut = tmp_path / "cut.tfrecord"
+    offset = sum(len(r) + 16 for r in records[:500])
+    cut.write_bytes(data[:offset + 20] + b"\xff" * 40 + data[offset + 60:])
+    with pytest.raises(InputDataError, match=r"cut.tfrecord: corrupted TFRecord after record 500 "):
+        EXAMPLE_GEN.run({}, {"examples": str(tmp_path / "e" / "e"), "schema": str(tmp_path / "e" / "s")},
+                        {"input_path": str(cut), "input_format": "tfrecord", "skip_bad_rows": True})

@@ -201,11 +201,17 @@ def plan_pieces(path: str, encoding: str, piece_bytes: int | None = None) -> lis
 
 def plan_work(paths: Sequence[str], encoding: str, num_shards: int = 0,
               piece_bytes: int | None = None) -> list[list[Piece]]:
-    """Work items, each a list of pieces that one worker reads and writes as one output shard per split.
-    `num_shards` 0: one item per piece of a large file, small files together up to a piece's size; otherwise
-    exactly that many items, pieces given out in order by size (an item may be left empty)."""
+    """CSV files as work items: `group_pieces` of their pieces."""
     piece_bytes = piece_bytes or PIECE_BYTES
-    pieces = [piece for path in paths for piece in plan_pieces(path, encoding, piece_bytes)]
+    return group_pieces([piece for path in paths for piece in plan_pieces(path, encoding, piece_bytes)],
+                        num_shards, piece_bytes)
+
+
+def group_pieces(pieces: Sequence[Piece], num_shards: int = 0, piece_bytes: int | None = None) -> list[list[Piece]]:
+    """Work items, each a list of pieces that one worker reads and writes as one output shard per split.
+    `num_shards` 0: large pieces alone, small ones together up to `piece_bytes`; otherwise exactly that many
+    items, pieces given out in order by size (an item may be left empty)."""
+    piece_bytes = piece_bytes or PIECE_BYTES
     sizes = [piece.size for piece in pieces]
     if num_shards:
         total = max(sum(sizes), 1)

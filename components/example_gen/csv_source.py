@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from hpml.components.example_gen import csv_cells, csv_chunks, example_encoder, shards
 from hpml.components.example_gen.csv_rows import BYTES, FLOAT, INT, NONE, RowRules, checked_rows
-from hpml.components.example_gen.progress import NAMESPACE, Progress, SkippedRows
+from hpml.components.example_gen.progress import Progress, SkippedRows
 from hpml.components.example_gen.text_encoding import is_utf8, python_codec
 
 _LIST_KIND = {INT: "int64_list", FLOAT: "float_list", BYTES: "bytes_list"}
@@ -165,7 +165,6 @@ class WriteCsvExamples(beam.DoFn):
 
     def setup(self):
         self._skipped = SkippedRows()
-        self._counters = [beam.metrics.Metrics.counter(NAMESPACE, f"examples_{name}") for name in self._splits]
 
     def process(self, indexed_item, pass1: dict) -> Iterator[dict]:
         index, item = indexed_item
@@ -175,7 +174,7 @@ class WriteCsvExamples(beam.DoFn):
         stats: dict = {"_n": 0}
         share = [0.0]
         progress = Progress(f"{csv_chunks.item_name(item)}: written", "rows", lambda: share[0])
-        try:
+        with writers:
             for number, piece in enumerate(item):
                 for chunk_number, chunk in enumerate(csv_chunks.read_chunks(piece, self._settings.encoding)):
                     share[0] = (number + chunk.share) / len(item)
@@ -189,10 +188,6 @@ class WriteCsvExamples(beam.DoFn):
                         values = self._converted(columns, kinds)
                     self._write(values, kinds, writers, stats, (piece.path, chunk.lines_before() + 1))
                     progress(stats["_n"])
-        finally:
-            writers.close()
-        for counter, count in zip(self._counters, writers.counts):
-            counter.inc(count)
         yield stats
 
     @staticmethod

@@ -2,10 +2,10 @@
 
 CSV input is planned into work items (pieces of large files, groups of small ones) that workers read side by side in
 two passes, each holding one chunk of rows at a time: column kinds, then the typed examples, written by each item to
-its own shard of every split (`csv_source`). TFRecord input is read a record at a time (`tfrecord_source`)."""
+its own shard of every split (`csv_source`). TFRecord input is read a batch of records at a time
+(`tfrecord_source`), each work item a group of whole files."""
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Mapping
 
@@ -18,35 +18,6 @@ from hpml.components.errors import InputDataError
 from hpml.components.example_gen import csv_chunks, csv_header, csv_source, schema_inference, tfrecord_source
 from hpml.components.example_gen import inputs as input_files
 from hpml.components.example_gen.progress import NAMESPACE, log
-
-
-def _bucket(key: bytes, total: int) -> int:
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % total
-
-
-def _partition_key(serialized: bytes, feature_name: str | None, where: str) -> bytes:
-    if feature_name is None:
-        return serialized
-    import tensorflow as tf
-
-    feature = tf.train.Example.FromString(serialized).features.feature.get(feature_name)
-    kind = feature.WhichOneof("kind") if feature is not None else None
-    if kind is None:
-        raise InputDataError(f"{where}: partition feature {feature_name!r} is missing")
-    return repr(list(getattr(feature, kind).value)).encode()
-
-
-class _SplitByHash:
-    """Beam partition function: hash bucket -> split index, by cumulative bucket counts."""
-
-    def __init__(self, buckets: list[int], feature_name: str | None):
-        self._bounds = [sum(buckets[: i + 1]) for i in range(len(buckets))]
-        self._feature = feature_name
-
-    def __call__(self, record, num_partitions):
-        path, row, serialized = record
-        bucket = _bucket(_partition_key(serialized, self._feature, f"{path}:{row}"), self._bounds[-1])
-        return next(i for i, bound in enumerate(self._bounds) if bucket < bound)
 
 
 def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: list[str], source: str,
@@ -133,12 +104,17 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             "empty_columns": empty_columns}
 
 
+def _spread(pipeline, items):
+    """The work items, numbered, spread over the runner's workers (Create alone would keep them on one)."""
+    return pipeline | "PlanWork" >> beam.Create(list(enumerate(items))) | "Spread" >> beam.Reshuffle()
+
+
 def _write_csv_examples(pipeline, files, header, params, examples_dir, split_names, buckets):
     """The CSV passes; returns the PCollection of the schema's feature statistics."""
     items = csv_chunks.plan_work(files, params["encoding"], params["num_shards"])
     settings = csv_source.CsvSettings(header, params["na_values"], params["skip_bad_rows"],
                                       params["required_columns"], params["numeric_columns"], params["encoding"])
-    work = pipeline | "PlanWork" >> beam.Create(list(enumerate(items))) | "Spread" >> beam.Reshuffle()
+    work = _spread(pipeline, items)
     kinds = (work
              | "InferColumnKinds" >> beam.ParDo(csv_source.ColumnKinds(settings))
              | "CollectKinds" >> beam.combiners.ToList()
@@ -152,27 +128,10 @@ def _write_csv_examples(pipeline, files, header, params, examples_dir, split_nam
 
 
 def _write_tfrecord_examples(pipeline, files, params, examples_dir, split_names, buckets):
-    """TFRecord input, a record at a time; returns the PCollection of the schema's feature statistics."""
-    records = (pipeline
-               | "ListFiles" >> beam.Create(files)
-               | "ReadTFRecord" >> beam.ParDo(tfrecord_source.ReadTFRecordExamples(
-                   params["skip_bad_rows"], params["required_columns"], params["numeric_columns"])))
-    parts = records | "SplitByHash" >> beam.Partition(
-        _SplitByHash(buckets, params["partition_feature"]), len(split_names))
-    for index, name in enumerate(split_names):
-        counter = beam.metrics.Metrics.counter(NAMESPACE, f"examples_{name}")
-
-        def _count(record, counter=counter):
-            counter.inc()
-            return record[2]
-
-        _ = (
-            parts[index]
-            | f"Count[{name}]" >> beam.Map(_count)
-            | f"Write[{name}]" >> beam.io.WriteToTFRecord(
-                os.path.join(artifacts.split_dir(examples_dir, name), artifacts.EXAMPLES_FILE_PREFIX),
-                file_name_suffix=artifacts.TFRECORD_GZ_SUFFIX,
-                num_shards=params["num_shards"],
-            )
-        )
-    return records | "FeatureStats" >> beam.CombineGlobally(schema_inference.FeatureStats())
+    """TFRecord input, whole files as work items; returns the PCollection of the schema's feature statistics."""
+    items = csv_chunks.group_pieces([csv_chunks.Piece(path) for path in files], params["num_shards"])
+    return (_spread(pipeline, items)
+            | "WriteExamples" >> beam.ParDo(tfrecord_source.WriteTFRecordExamples(
+                params["skip_bad_rows"], params["required_columns"], params["numeric_columns"], examples_dir,
+                split_names, buckets, len(items), params["partition_feature"]))
+            | "FeatureStats" >> beam.CombineGlobally(schema_inference.MergedFeatureStats()))

@@ -54,13 +54,15 @@ def shard_path(examples_dir: str, split: str, item: int, items: int) -> str:
 
 
 class ShardWriters:
-    """One GZIP TFRecord writer per split for one work item; `write` takes a batch of records and their splits."""
+    """One GZIP TFRecord writer per split for one work item; `write` takes a batch of records and their splits.
+    A context manager: leaving it closes the shards and adds the item's counts to the `examples_<split>` counters
+    (Beam commits them only for a bundle that succeeds)."""
 
     def __init__(self, examples_dir: str, splits: Sequence[str], item: int, items: int):
         import tensorflow as tf
 
         options = tf.io.TFRecordOptions(compression_type="GZIP", compression_level=GZIP_LEVEL)
-        self._writers = []
+        self._writers, self._splits = [], list(splits)
         for split in splits:
             path = shard_path(examples_dir, split, item, items)
             tf.io.gfile.makedirs(os.path.dirname(path))
@@ -75,6 +77,15 @@ class ShardWriters:
             for record in chosen.to_pylist():  # each write is one C++ call: framing, CRC32C and zlib
                 write(record)
 
-    def close(self) -> None:
+    def __enter__(self) -> "ShardWriters":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import apache_beam as beam
+
+        from hpml.components.example_gen.progress import NAMESPACE
+
         for writer in self._writers:
             writer.close()
+        for split, count in zip(self._splits, self.counts):
+            beam.metrics.Metrics.counter(NAMESPACE, f"examples_{split}").inc(count)
