@@ -194,3 +194,22 @@ def test_non_finite_transformed_values_stop_transform_naming_the_feature(penguin
                      r"^Transform: preprocessing_fn made feature 'log_length' NaN or infinite in (\d+) of 2\d\d "
                      r"train values and (\d+) of 1\d\d eval values$")
     assert "log of zero or of a negative number" in error.hint
+
+
+def test_the_stage_breakdown_profiles_a_bounded_sample_not_every_record(tmp_path, penguin_csv):
+    """The breakdown ran the tuned pipeline over the whole split: minutes of Transform at 10M rows, for a plot. It
+    reads at most PROFILED_SAMPLES x profile_sample_records records; data smaller than that is read whole."""
+    from hpml.components.example_gen import EXAMPLE_GEN
+    from hpml.components.transform import tuning
+
+    gen = {k: str(tmp_path / "gen" / k) for k in ("examples", "schema")}
+    EXAMPLE_GEN.run({}, gen, {"input_path": penguin_csv})
+    batches = {}
+    for name, sample in (("bounded", 2), ("whole", 4096)):
+        outputs = {k: str(tmp_path / name / k) for k in ("transform_graph", "transformed_examples", "input_pipeline")}
+        TRANSFORM.run(gen, outputs, {"module": "hpml.examples.penguin.module", "batch_size": 4,
+                                     "profile_sample_records": sample})
+        rows = json.load(open(os.path.join(outputs["input_pipeline"], "stages.json")))["stages"]
+        batches[name] = max(row["num_elements"] for row in rows if row["stage"].startswith("Prefetch"))
+    assert batches["bounded"] <= tuning.PROFILED_SAMPLES * 2 // 4 + 1, batches
+    assert batches["whole"] > 3 * batches["bounded"], batches

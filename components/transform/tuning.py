@@ -1,7 +1,7 @@
 """Transform's last step: tune the input pipeline on the transformed examples and explain it.
 
 Writes the InputPipeline artifact: input_pipeline.json (the spec), and stages.json/stages.png,
-the per-stage breakdown of one pass of the tuned pipeline over the profiled split.
+the per-stage breakdown of the tuned pipeline over (at most a bounded sample of) one pass of the profiled split.
 """
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 
 SUMMARY_KNOBS = ("cache", "map_parallelism", "cycle_length", "shuffle_buffer", "prefetch")
+# The per-stage breakdown runs the tuned pipeline over at most this many times `profile_sample_records` records: a
+# bounded sample, so the tuning step costs the same at any data size (a whole pass over 10M rows would be minutes).
+PROFILED_SAMPLES = 16
 
 
 def summary_line(spec) -> str:
@@ -49,7 +52,8 @@ def write_input_pipeline(file_pattern: str, schema, artifact_dir: str, params: M
         # get_model_proto reads tf.data's autotuning model, which exists only with autotune on.
         one_pass = input_pipeline.build_dataset(dataclasses.replace(spec, autotune=True), [file_pattern], schema,
                                                 shuffle=True, num_epochs=1, seed=0)
-        breakdown = stages.write_breakdown(stages.profile_pipeline(one_pass), artifact_dir)
+        batches = -(-PROFILED_SAMPLES * params["profile_sample_records"] // params["batch_size"])
+        breakdown = stages.write_breakdown(stages.profile_pipeline(one_pass, max_elements=batches), artifact_dir)
     for decision in spec.decisions:
         log.debug("input pipeline: %s = %s (%s)", decision["what"], decision["value"], decision["why"])
     log.debug("input pipeline: %s", breakdown["recommendation"])
