@@ -73,7 +73,7 @@ def _b1_functions(scale: float):
 
 
 def _b1_spec():
-    from hpml.components.input_pipeline import InputPipelineSpec, measure, tune
+    from hpml.components.input_pipeline import measure, tune
 
     functions = _b1_functions(1.0)
     sources = [f"s{i}" for i in range(B1_SOURCES)]

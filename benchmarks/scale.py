@@ -1,121 +1,280 @@
-"""ExampleGen at the size of users' data: wall time, rows/s and peak RSS against rows, on generated CSVs of 16
-numeric columns, 4 text columns and a binary label (`scale_data.py`), beside the machine's one-core limit for the
-same work (Arrow's CSV reader and the native encoder, no Beam). Each run is a process of its own.
+"""Ingestion and preprocessing at the size of users' data: hpml's ExampleGen and Transform against TFX 1.16's
+CsvExampleGen -> StatisticsGen -> SchemaGen -> Transform, on generated CSVs of 16 numeric columns, 4 text columns and
+a binary label (`scale_data.py`), with the module `hpml init` writes for that CSV on both sides.
 
-    python benchmarks/scale.py [--rows 100000 1000000 3000000] [--repeats 3] [--workdir DIR]
+Variants, each run in a process of its own (peak RSS is that process's):
+- `limit`: Arrow's CSV reader, hpml's encoder and the GZIP writer on one core, no checks and no Beam: what one core
+  can do for ExampleGen's work;
+- `examplegen`, `examplegen-2proc`: hpml's ExampleGen on Beam's in-process runner, and on two worker processes;
+- `transform`: hpml's Transform on the in-process ExampleGen's output, with its phases (graph, Beam, tuning);
+- `tfx`: TFX 1.16's chain in .venv-tfx (`make test-tfx` builds it), one process, component times from MLMD.
 
-Writes benchmarks/results/scale.json and scale.md. Sizes above 1M rows run once.
+    python benchmarks/scale.py [--rows 100000 1000000 10000000] [--repeats 3] [--tfx-max-rows 1000000]
+
+Sizes above 1M rows run once. Writes benchmarks/results/scale.json, scale.md and scale.png.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine, median, peak_rss_mib, write_results  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from _common import RESULTS, machine, median, peak_rss_mib, write_results  # noqa: E402
 
+TFX_PYTHON = os.path.join(REPO, ".venv-tfx", "bin", "python")
 _CHILD = "--child"
+VARIANTS = ("limit", "examplegen", "examplegen-2proc", "transform", "tfx")
+TWO_PROCESSES = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
 
-def _child(kind: str, csv: str, out: str, extra: str) -> None:
-    start = time.perf_counter()
-    if kind == "limit":  # read, encode and GZIP-write on one core, no checks, no Beam
-        import numpy as np
-        import pyarrow.csv as pcsv
+def _limit(csv: str, out: str) -> None:
+    import numpy as np
+    import pyarrow.csv as pcsv
 
-        from hpml.components.example_gen import example_encoder, shards
+    from hpml.components.example_gen import example_encoder, shards
 
-        reader = pcsv.open_csv(csv, read_options=pcsv.ReadOptions(block_size=8 << 20))
-        with shards.ShardWriters(out, ["train"], 0, 1) as writers:
-            for batch in reader:
-                columns = {}
-                for name in batch.schema.names:
-                    column = batch.column(name)
-                    columns[name] = column if not str(column.type).startswith("string") else column.cast("binary")
-                writers.write(example_encoder.encode(columns, batch.num_rows), np.zeros(batch.num_rows, dtype=int))
+    reader = pcsv.open_csv(csv, read_options=pcsv.ReadOptions(block_size=8 << 20))
+    with shards.ShardWriters(out, ["train"], 0, 1) as writers:
+        for batch in reader:
+            columns = {name: column.cast("binary") if str(column.type).startswith("string") else column
+                       for name, column in zip(batch.schema.names, batch.columns)}
+            writers.write(example_encoder.encode(columns, batch.num_rows), np.zeros(batch.num_rows, dtype=int))
+
+
+def _examplegen(csv: str, out: str, beam_args: list[str]) -> None:
+    from hpml.components.example_gen import EXAMPLE_GEN
+
+    EXAMPLE_GEN.run({}, {"examples": os.path.join(out, "examples"), "schema": os.path.join(out, "schema")},
+                    {"input_path": csv, "required_columns": ["label"], "beam_pipeline_args": beam_args})
+
+
+def _transform(examples_out: str, module: str, out: str) -> dict:
+    """Transform on ExampleGen's output; seconds in building the graph, the Beam pipeline and tuning."""
+    from hpml.components.transform import executor, tuning
+    from hpml.v1 import TRANSFORM
+
+    spent: dict[str, float] = {}
+
+    def timed(name, function):
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+        return wrapper
+
+    executor.run_pipeline = timed("beam", executor.run_pipeline)
+    executor.tuning.write_input_pipeline = timed("tuning", tuning.write_input_pipeline)
+    started = time.perf_counter()
+    TRANSFORM.run({name: os.path.join(examples_out, name) for name in ("examples", "schema")},
+                  {name: os.path.join(out, name) for name in ("transform_graph", "transformed_examples",
+                                                               "input_pipeline")},
+                  {"module": module})
+    total = time.perf_counter() - started
+    return {"beam_s": spent["beam"], "tuning_s": spent["tuning"], "graph_s": total - spent["beam"] - spent["tuning"]}
+
+
+def _child(kind: str, *args: str) -> None:
+    import apache_beam  # noqa: F401 - imported before the clock starts, as TFX's component times exclude it
+    import tensorflow  # noqa: F401
+    import tensorflow_transform  # noqa: F401
+
+    import hpml.v1  # noqa: F401
+
+    started = time.perf_counter()
+    extra = {}
+    if kind == "limit":
+        _limit(*args)
+    elif kind == "examplegen":
+        _examplegen(*args, beam_args=["--direct_running_mode=in_memory"])
+    elif kind == "examplegen-2proc":
+        _examplegen(*args, beam_args=TWO_PROCESSES)
     else:
-        from hpml.components.example_gen import EXAMPLE_GEN
-
-        params = {"input_path": csv}
-        if kind == "hpml-2proc":
-            params["beam_pipeline_args"] = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-        EXAMPLE_GEN.run({}, {"examples": os.path.join(out, "examples"), "schema": os.path.join(out, "schema")},
-                        params)
-    print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib()}))
+        extra = _transform(*args)
+    print(json.dumps({"seconds": time.perf_counter() - started, "peak_rss_mib": peak_rss_mib(), **extra}))
 
 
-def _run(kind: str, csv: str, workdir: str) -> dict:
-    out = tempfile.mkdtemp(dir=workdir)
-    done = subprocess.run([sys.executable, __file__, _CHILD, kind, csv, out, ""], capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+def _run(command: list[str]) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if done.returncode:
-        raise RuntimeError(done.stderr[-3000:])
-    subprocess.run(["rm", "-rf", out], check=True)
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _module(workdir: str, csv: str) -> str:
+    """The module `hpml init` writes for the benchmark's CSV (the same columns at every size)."""
+    if not os.path.exists(os.path.join(workdir, "scale", "module.py")):
+        subprocess.run([os.path.join(os.path.dirname(sys.executable), "hpml"), "init", "scale", "--csv", csv,
+                        "--label", "label"], cwd=workdir, check=True, capture_output=True)
+    return os.path.join(workdir, "scale", "module.py")
+
+
+def _one_repeat(csv: str, module: str, workdir: str, with_tfx: bool) -> dict:
+    """Every variant once, in turn, so that drift on this noisy machine hits them alike."""
+    me = [sys.executable, os.path.abspath(__file__), _CHILD]
+    runs = {}
+    folders = {kind: tempfile.mkdtemp(dir=workdir) for kind in VARIANTS}
+    try:
+        runs["limit"] = _run([*me, "limit", csv, folders["limit"]])
+        runs["examplegen"] = _run([*me, "examplegen", csv, folders["examplegen"]])
+        runs["examplegen-2proc"] = _run([*me, "examplegen-2proc", csv, folders["examplegen-2proc"]])
+        runs["transform"] = _run([*me, "transform", folders["examplegen"], module, folders["transform"]])
+        if with_tfx:
+            tfx = _run([TFX_PYTHON, "-W", "ignore", os.path.join(HERE, "tfx_scale.py"), csv, module, folders["tfx"]])
+            tfx["components"]["ExampleGen"] = tfx["components"].pop("CsvExampleGen")
+            runs["tfx"] = {"seconds": sum(tfx["components"].values()), "peak_rss_mib": tfx["peak_rss_mib"],
+                           "process_s": tfx["total_s"], **{f"{k}_s": v for k, v in tfx["components"].items()}}
+    finally:
+        for folder in folders.values():
+            shutil.rmtree(folder, ignore_errors=True)
+    return runs
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 3_000_000])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--tfx-max-rows", type=int, default=1_000_000,
+                        help="run TFX up to this size (its chain takes about an hour at 10M rows here)")
+    parser.add_argument("--workdir", default=None, help="where the CSVs are generated (kept) and outputs written")
     parser.add_argument("--note", default="", help="a line on how this run was made, printed in the results")
     args = parser.parse_args()
     from scale_data import write_csv
 
+    if not os.path.exists(TFX_PYTHON):
+        sys.exit("benchmarks/scale.py needs .venv-tfx for TFX 1.16: run `make test-tfx` once")
     workdir = args.workdir or tempfile.mkdtemp(prefix="hpml-scale-")
-    results = {"machine": machine(), "sizes": {}, "note": args.note}
-    for rows in args.rows:
+    results = {"machine": machine(), "note": args.note, "sizes": {}}
+    module = None
+    for rows in sorted(args.rows):
         csv = os.path.join(workdir, f"{rows}.csv")
         if not os.path.exists(csv):
             write_csv(csv, rows)
+        module = module or _module(workdir, csv)
         repeats = args.repeats if rows <= 1_000_000 else 1
-        runs = {kind: [] for kind in ("limit", "hpml", "hpml-2proc")}
-        for _ in range(repeats):  # interleaved, so that drift on this noisy machine hits every variant alike
-            for kind in runs:
-                runs[kind].append(_run(kind, csv, workdir))
-        results["sizes"][rows] = {
-            "csv_bytes": os.path.getsize(csv), "repeats": repeats,
-            **{kind: {"seconds": median([r["seconds"] for r in rs]),
-                      "peak_rss_mib": median([r["peak_rss_mib"] for r in rs]),
-                      "rows_per_s": rows / median([r["seconds"] for r in rs])} for kind, rs in runs.items()}}
-    write_results("scale", results, render(results))
+        runs = [_one_repeat(csv, module, workdir, rows <= args.tfx_max_rows) for _ in range(repeats)]
+        size = {"csv_bytes": os.path.getsize(csv), "repeats": repeats}
+        for kind in VARIANTS:
+            if kind in runs[0]:
+                size[kind] = {key: median([run[kind][key] for run in runs]) for key in runs[0][kind]}
+        results["sizes"][str(rows)] = size
+        write_results("scale", results, render(results))  # a long run keeps what it has measured so far
+    plot(results, RESULTS / "scale.png")
+
+
+def _chain(size: dict, kind: str) -> float | None:
+    """Seconds of ingestion and preprocessing: hpml's ExampleGen + Transform, or TFX's four components."""
+    if kind == "hpml":
+        return size["examplegen"]["seconds"] + size["transform"]["seconds"]
+    return size["tfx"]["seconds"] if "tfx" in size else None
 
 
 def render(data: dict) -> str:
-    lines = ["# ExampleGen at scale", "",
-             f"Machine: {data['machine']['cpus']} cores, {data['machine']['platform']}, Python "
-             f"{data['machine']['python']}, {data['machine']['date']}. Medians of the repeats shown; each run is a "
-             "process of its own. `limit`: Arrow's CSV reader, the native encoder and the GZIP writer on one core, "
-             "with no checks and no Beam. `hpml`: ExampleGen on Beam's in-process runner; `hpml-2proc`: on two "
-             "worker processes. Seconds include starting the process and importing TensorFlow (about 5 s).",
+    m = data["machine"]
+    lines = ["# Ingestion and preprocessing at scale", "",
+             f"Machine: {m['cpus']} cores, {m['platform']}, Python {m['python']}, {m['date']}. Medians of the "
+             "repeats shown; each variant runs in a process of its own and its peak RSS is that process's. Times are "
+             "the components' own (TFX's from MLMD), without starting the process and importing TensorFlow. "
+             "Data: `benchmarks/scale_data.py` (16 numeric columns, 4 text columns, a binary label); both sides "
+             "run the module `hpml init` wrote for it. [Plot](scale.png).",
              *(["", f"**{data['note']}**"] if data.get("note") else []), "",
-             "| rows | CSV MB | repeats | variant | seconds | rows/s | peak RSS MiB | hpml / limit |",
-             "|---|---|---|---|---|---|---|---|"]
+             "## hpml ExampleGen + Transform against TFX 1.16's CsvExampleGen, StatisticsGen, SchemaGen and Transform",
+             "", "| rows | CSV MB | repeats | hpml s | hpml rows/s | TFX s | TFX / hpml | hpml peak RSS MiB "
+                 "(ExampleGen, Transform) | TFX peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]
     for rows, size in data["sizes"].items():
-        for kind in ("limit", "hpml", "hpml-2proc"):
+        hpml, tfx = _chain(size, "hpml"), _chain(size, "tfx")
+        lines.append(
+            f"| {int(rows):,} | {size['csv_bytes'] / 1e6:.0f} | {size['repeats']} | {hpml:.1f} | "
+            f"{int(rows) / hpml:,.0f} | {_cell(tfx, '.1f')} | {_ratio(tfx, hpml)} | "
+            f"{size['examplegen']['peak_rss_mib']:.0f}, {size['transform']['peak_rss_mib']:.0f} | "
+            f"{_cell(size.get('tfx', {}).get('peak_rss_mib'), '.0f')} |")
+    lines += ["", "## Per component", "",
+              "| rows | variant | seconds | rows/s | peak RSS MiB | detail |", "|---|---|---|---|---|---|"]
+    for rows, size in data["sizes"].items():
+        for kind in VARIANTS:
+            if kind not in size:
+                continue
             stats = size[kind]
-            ratio = stats["seconds"] / size["limit"]["seconds"]
-            lines.append(f"| {int(rows):,} | {size['csv_bytes'] / 1e6:.0f} | {size['repeats']} | {kind} | "
-                         f"{stats['seconds']:.1f} | {stats['rows_per_s']:,.0f} | {stats['peak_rss_mib']:.0f} | "
-                         f"{ratio:.2f}x |")
-    sizes = list(data["sizes"].values())
+            lines.append(f"| {int(rows):,} | {kind} | {stats['seconds']:.1f} | {int(rows) / stats['seconds']:,.0f} | "
+                         f"{stats['peak_rss_mib']:.0f} | {_detail(kind, size)} |")
+    sizes = list(data["sizes"].items())
     if len(sizes) > 1:
-        first, last = sizes[0], sizes[-1]
-        lines += ["", f"Peak RSS from the smallest to the largest size: hpml "
-                      f"{last['hpml']['peak_rss_mib'] / first['hpml']['peak_rss_mib']:.2f}x, hpml-2proc "
-                      f"{last['hpml-2proc']['peak_rss_mib'] / first['hpml-2proc']['peak_rss_mib']:.2f}x "
-                      "(the driver process; Beam's worker processes are not counted in the 2-process row)."]
+        (small_rows, small), (large_rows, large) = sizes[0], sizes[-1]
+        growth = ", ".join(f"{kind} {large[kind]['peak_rss_mib'] / small[kind]['peak_rss_mib']:.2f}x"
+                           for kind in ("examplegen", "transform", "tfx") if kind in small and kind in large)
+        lines += ["", f"Peak RSS from {int(small_rows):,} to {int(large_rows):,} rows: {growth}. The 2-process "
+                      "ExampleGen's RSS is its driver's; Beam's worker processes are not counted."]
     return "\n".join(lines) + "\n"
+
+
+def _cell(value, spec: str) -> str:
+    return "not run" if value is None else format(value, spec)
+
+
+def _ratio(a, b) -> str:
+    return "not run" if a is None else f"{a / b:.2f}x"
+
+
+def _detail(kind: str, size: dict) -> str:
+    stats = size[kind]
+    if kind in ("examplegen", "examplegen-2proc"):
+        return f"{stats['seconds'] / size['limit']['seconds']:.2f}x the one-core limit"
+    if kind == "transform":
+        return f"graph {stats['graph_s']:.1f} s, Beam {stats['beam_s']:.1f} s, tuning {stats['tuning_s']:.1f} s"
+    if kind == "tfx":
+        return ", ".join(f"{name} {stats[f'{name}_s']:.1f} s" for name in
+                         ("ExampleGen", "StatisticsGen", "SchemaGen", "Transform") if f"{name}_s" in stats)
+    return ""
+
+
+def plot(data: dict, path) -> None:
+    """Log-log: seconds and peak RSS against rows, hpml's components and chain beside TFX's chain."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [int(r) for r in data["sizes"]]
+    sizes = list(data["sizes"].values())
+    figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series = {"hpml ExampleGen": [s["examplegen"]["seconds"] for s in sizes],
+              "hpml Transform": [s["transform"]["seconds"] for s in sizes],
+              "hpml ExampleGen + Transform": [_chain(s, "hpml") for s in sizes],
+              "TFX 1.16 chain": [_chain(s, "tfx") for s in sizes]}
+    for label, values in series.items():
+        points = [(r, v) for r, v in zip(rows, values) if v is not None]
+        if points:
+            time_axis.plot(*zip(*points), marker="o", label=label)
+    memory = {"hpml ExampleGen": [s["examplegen"]["peak_rss_mib"] for s in sizes],
+              "hpml Transform": [s["transform"]["peak_rss_mib"] for s in sizes],
+              "TFX 1.16 chain": [s.get("tfx", {}).get("peak_rss_mib") for s in sizes]}
+    for label, values in memory.items():
+        points = [(r, v) for r, v in zip(rows, values) if v is not None]
+        if points:
+            memory_axis.plot(*zip(*points), marker="o", label=label)
+    for axis, title, unit in ((time_axis, "Time", "seconds"), (memory_axis, "Peak RSS", "MiB")):
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("rows")
+        axis.set_ylabel(unit)
+        axis.set_title(title)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == _CHILD:
-        _child(*sys.argv[2:6])
+        _child(*sys.argv[2:])
     else:
         main()

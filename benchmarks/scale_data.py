@@ -22,7 +22,10 @@ def write_csv(path: str, rows: int, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     vocab = {name: np.array([f"{name}_value_{j}" for j in range(size)]) for name, size in TEXT_COLUMNS.items()}
     schema = pa.schema([(name, pa.string()) for name in HEADER])
-    with pcsv.CSVWriter(path, schema, write_options=pcsv.WriteOptions(quoting_style="none")) as writer:
+    with open(path, "wb") as sink:  # a plain header: TFX's CsvExampleGen keeps the quotes of a quoted one
+        sink.write((",".join(HEADER) + "\n").encode())
+    with open(path, "ab") as sink, pcsv.CSVWriter(sink, schema, write_options=pcsv.WriteOptions(
+            include_header=False, quoting_style="none")) as writer:
         for start in range(0, rows, _BLOCK):
             n = min(_BLOCK, rows - start)
             floats = rng.normal(size=(n, len(FLOAT_COLUMNS))) * 100
