@@ -53,6 +53,14 @@ class _GFileReader(io.RawIOBase):
     def tell(self) -> int:
         return self._gfile.tell()
 
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """To a byte offset, so that a reader can start at a piece of a large file."""
+        self._gfile.seek(offset, whence)
+        return self._gfile.tell()
+
     def close(self) -> None:
         self._gfile.close()
         super().close()

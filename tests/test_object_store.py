@@ -135,3 +135,28 @@ def test_data_paths_on_an_object_store_are_confined_to_the_configured_prefixes(m
     for outside in ("gs://team-bucket/database.csv", "gs://team-bucket/data/../secrets.csv", "gs://other/data/x"):
         with pytest.raises(SpecError, match="outside the allowed data roots"):
             confine(outside, "input_path")
+
+
+def test_a_large_csv_on_the_object_store_is_read_as_pieces_like_local_disk(gcs, tmp_path, monkeypatch):
+    """Pieces after the first start at a byte offset: the reader seeks there on the object store too."""
+    from hpml.components.example_gen import csv_chunks
+
+    kinds = ["line", '"two\nlines"', "line"]  # a quoted newline every third row
+    rows = [f'{i},{i * 0.5},"note, {i % 7}",{kinds[i % 3]}' for i in range(3000)]
+    text = "id,value,note,kind\n" + "\n".join(rows) + "\n"
+    local_csv = tmp_path / "big.csv"
+    local_csv.write_text(text)
+    remote_csv = f"{gcs.root}/{tmp_path.name}/big.csv"
+    with tf.io.gfile.GFile(remote_csv, "w") as handle:
+        handle.write(text)
+    monkeypatch.setattr(csv_chunks, "PIECE_BYTES", 16 << 10)
+    pieces = csv_chunks.plan_pieces(remote_csv, "utf-8")
+    assert len(pieces) >= 3 and pieces == [csv_chunks.Piece(remote_csv, p.start, p.end)
+                                           for p in csv_chunks.plan_pieces(str(local_csv), "utf-8")]
+    local = {"examples": str(tmp_path / "examples"), "schema": str(tmp_path / "schema")}
+    remote = {"examples": f"{gcs.root}/{tmp_path.name}/examples", "schema": f"{gcs.root}/{tmp_path.name}/schema"}
+    EXAMPLE_GEN.run({}, local, {"input_path": str(local_csv)})
+    EXAMPLE_GEN.run({}, remote, {"input_path": remote_csv})
+    for split in ("train", "eval"):
+        assert _records(remote["examples"], split) == _records(local["examples"], split)
+    assert sum(len(_records(local["examples"], split)) for split in ("train", "eval")) == 3000
