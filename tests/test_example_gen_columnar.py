@@ -246,3 +246,20 @@ def test_tfrecord_input_in_many_batches_keeps_each_records_split_and_names_bad_r
     with pytest.raises(InputDataError, match=r"cut.tfrecord: corrupted TFRecord after record 500 "):
         EXAMPLE_GEN.run({}, {"examples": str(tmp_path / "e" / "e"), "schema": str(tmp_path / "e" / "s")},
                         {"input_path": str(cut), "input_format": "tfrecord", "skip_bad_rows": True})
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "latin-1"])
+def test_a_csv_in_another_encoding_over_many_chunks_writes_what_its_utf8_copy_writes(tmp_path, monkeypatch, encoding):
+    """UTF-16 cannot be cut at byte offsets: it is read as text, row by row; Latin-1 takes the columnar path."""
+    monkeypatch.setattr(csv_chunks, "CHUNK_BYTES", 2 << 10)
+    rows = [[str(i), f"{i}.25", str(i % 9), ["Dr\u00e9am", "caf\u00e9, noir", 'a "b"', "x\ny"][i % 4], "c", "", "1"]
+            for i in range(600)]
+    utf8 = _write(tmp_path / "utf8.csv", HEADER, rows)
+    other = tmp_path / f"{encoding}.csv"
+    other.write_bytes(open(utf8, encoding="utf-8", newline="").read().encode(encoding))
+    outputs = {}
+    for name, path, params in (("utf8", utf8, {}), ("other", str(other), {"encoding": encoding})):
+        outputs[name] = {"examples": str(tmp_path / name / "e"), "schema": str(tmp_path / name / "s")}
+        props = EXAMPLE_GEN.run({}, outputs[name], {"input_path": path, **params})
+        assert sum(props["split_counts"].values()) == 600
+    assert sorted(_records(outputs["other"]["examples"])) == sorted(_records(outputs["utf8"]["examples"]))
