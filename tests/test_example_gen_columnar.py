@@ -263,3 +263,25 @@ def test_a_csv_in_another_encoding_over_many_chunks_writes_what_its_utf8_copy_wr
         props = EXAMPLE_GEN.run({}, outputs[name], {"input_path": path, **params})
         assert sum(props["split_counts"].values()) == 600
     assert sorted(_records(outputs["other"]["examples"])) == sorted(_records(outputs["utf8"]["examples"]))
+
+
+def test_a_tfrecord_feature_present_without_a_kind_is_missing_not_a_crash(tmp_path):
+    """A feature every record carries as an empty Feature decodes as Arrow's null type; required, it is a bad
+    record, named; otherwise it is simply missing, as the per-record rules say."""
+    from hpml.components.errors import InputDataError
+
+    path = str(tmp_path / "empty_kind.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(30):
+            example = tf.train.Example()
+            example.features.feature["x"].float_list.value.append(i + 0.5)
+            example.features.feature["label"]  # present, with no kind
+            example.features.feature["tag"]
+            writer.write(example.SerializeToString())
+    out = {"examples": str(tmp_path / "o" / "e"), "schema": str(tmp_path / "o" / "s")}
+    props = EXAMPLE_GEN.run({}, out, {"input_path": path, "input_format": "tfrecord", "numeric_columns": ["tag"]})
+    assert sum(props["split_counts"].values()) == 30
+    assert [f.name for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature] == ["x"]
+    with pytest.raises(InputDataError, match=r"empty_kind.tfrecord: record 1: required feature 'label' has no value$"):
+        EXAMPLE_GEN.run({}, {"examples": str(tmp_path / "r" / "e"), "schema": str(tmp_path / "r" / "s")},
+                        {"input_path": path, "input_format": "tfrecord", "required_columns": ["label"]})

@@ -29,8 +29,12 @@ _KINDS = (("float_list", pa.types.is_floating), ("int64_list", pa.types.is_integ
           ("bytes_list", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)))
 
 
-def _list_kind(values_type) -> str | None:
-    return next((name for name, test in _KINDS if test(values_type)), None)
+def _list_kind(column: pa.Array) -> str | None:
+    """'float_list', 'int64_list' or 'bytes_list'; None for a feature no record of the batch gives a kind (Arrow's
+    null type)."""
+    if not hasattr(column.type, "value_type"):
+        return None
+    return next((name for name, test in _KINDS if test(column.type.value_type)), None)
 
 
 def _rows(indices: pa.Array, rows: int) -> np.ndarray:
@@ -79,18 +83,16 @@ class _RecordRules:
         bad = np.zeros(batch.num_rows, dtype=bool)
         names = set(batch.schema.names)
         for name in self._required:
-            if name not in names:
+            if name not in names or _list_kind(batch.column(name)) is None:
                 return ~bad
-            column = batch.column(name)
-            lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+            lengths = pc.list_value_length(batch.column(name)).fill_null(0).to_numpy(zero_copy_only=False)
             bad |= lengths == 0
         for name in self._numeric:
-            if name in names and _list_kind(batch.column(name).type.value_type) == "bytes_list":
+            if name in names and _list_kind(batch.column(name)) == "bytes_list":
                 bad |= batch.column(name).is_valid().to_numpy(zero_copy_only=False)
         for name in batch.schema.names:
             column = batch.column(name)
-            if _list_kind(column.type.value_type if hasattr(column.type, "value_type") else pa.null()) == \
-                    "float_list":
+            if _list_kind(column) == "float_list":
                 finite = pc.is_finite(pc.list_flatten(column)).to_numpy(zero_copy_only=False)
                 if not finite.all():
                     bad |= _rows(pc.list_parent_indices(column).filter(pa.array(~finite)), batch.num_rows)
@@ -101,14 +103,15 @@ def batch_stats(batch: pa.RecordBatch, path: str, indices: np.ndarray) -> dict:
     """`FeatureStats`' accumulator for a decoded batch whose records are records `indices` of `path`."""
     stats: dict = {"_n": batch.num_rows}
     for name, column in zip(batch.schema.names, batch.columns):
-        if not hasattr(column.type, "value_type"):
-            continue  # a feature no record of the batch gives a value kind
+        kind = _list_kind(column)
+        if kind is None:
+            continue
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         if not valid.any():
             continue
         lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)[valid]
         first = int(indices[int(np.argmax(valid))])
-        stats[name] = {_list_kind(column.type.value_type): [int(valid.sum()), int(lengths.min()),
+        stats[name] = {kind: [int(valid.sum()), int(lengths.min()),
                                                              int(lengths.max()), (path, first)]}
     return stats
 
