@@ -80,7 +80,7 @@ bench: env
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 	$(VENV)/bin/python benchmarks/input_peers.py
 	$(VENV)/bin/python benchmarks/callbacks.py
-	$(VENV)/bin/python benchmarks/scale.py
+	$(MAKE) --no-print-directory bench-scale
 	$(MAKE) --no-print-directory bench-e2e
 
 # The penguin pipeline on TFX 1.16, hpml's local engine and hpml's Airflow engine (about 20 minutes on 2 cores).
@@ -95,8 +95,11 @@ bench-input: env
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 	$(VENV)/bin/python benchmarks/input_peers.py
 
-# ExampleGen on generated CSVs of 100k, 1M and 3M rows against the one-core limit (about 10 minutes on 2 cores).
+# hpml's ExampleGen + Transform against TFX 1.16's chain on generated CSVs of 100k, 1M and 10M rows (TFX up to 1M),
+# with ExampleGen's one-core limit (about an hour on 2 cores).
 bench-scale: env
+	@test -n "$(PYTHON310)" || { echo "bench-scale needs a Python 3.10 for TFX 1.16 (set PYTHON310)" >&2; exit 1; }
+	@$(MAKE) --no-print-directory $(TFX_VENV)/.synced
 	$(VENV)/bin/python benchmarks/scale.py
 
 clean:

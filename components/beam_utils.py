@@ -1,6 +1,7 @@
 """Running Beam pipelines: pipeline args pass through unchanged, errors come back clean."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -11,8 +12,16 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from hpml.components.errors import HpmlError, SpecError
 
+log = logging.getLogger(__name__)
+
 # Beam args for every component whose pipeline gives it none, e.g. "--runner=DataflowRunner --project=p ...".
 BEAM_ARGS_ENV = "HPML_BEAM_PIPELINE_ARGS"
+
+# Input at least this large runs on one Beam worker process per core where no Beam args are given. Starting two
+# workers costs about 7 s here (ExampleGen on 100k rows: 9.2 s against 2.6 s in one process), and one core does
+# about 1M rows (170 MB of CSV) in 11 s, so two pay from roughly 1-2M rows; 512 MB (about 3M rows) is well past
+# that. benchmarks/results/scale.md has both variants at each size.
+LOCAL_PARALLEL_BYTES = 512 << 20
 
 _BEAM_CONTEXT = re.compile(r"\s*\[while running '[^']*'\]")
 
@@ -32,10 +41,19 @@ def deployment_args() -> list[str]:
                         hint="write the args as on a command line, quoting values with spaces") from None
 
 
-def make_pipeline(beam_pipeline_args: Sequence[str] | None) -> beam.Pipeline:
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def make_pipeline(beam_pipeline_args: Sequence[str] | None, input_bytes: int = 0) -> beam.Pipeline:
     """A Beam pipeline on the in-process runner unless the args name another runner (which they do unchanged).
-    A component given no args takes the deployment's (`HPML_BEAM_PIPELINE_ARGS`)."""
+    A component given no args takes the deployment's (`HPML_BEAM_PIPELINE_ARGS`); given none either, an input of
+    `input_bytes` >= LOCAL_PARALLEL_BYTES runs on one worker process per core."""
     args = list(beam_pipeline_args or deployment_args())
+    if not args and input_bytes >= LOCAL_PARALLEL_BYTES and _cores() > 1:
+        args = ["--direct_running_mode=multi_processing", f"--direct_num_workers={_cores()}"]
+        log.info("Beam: %.0f MB of input, so one worker process per core (%d); give beam_pipeline_args or %s to "
+                 "choose otherwise", input_bytes / 1e6, _cores(), BEAM_ARGS_ENV)
     if not any(a.startswith("--runner") for a in args):
         args.append(f"--runner={IN_PROCESS_RUNNER}")
     return beam.Pipeline(options=PipelineOptions(args))

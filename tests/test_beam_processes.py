@@ -88,3 +88,47 @@ def test_the_deployment_beam_args_apply_where_a_component_is_given_none(monkeypa
     monkeypatch.setenv("HPML_BEAM_PIPELINE_ARGS", "--job_name='nightly")
     with pytest.raises(SpecError, match="HPML_BEAM_PIPELINE_ARGS: No closing quotation"):
         make_pipeline([])
+
+
+def test_large_input_runs_on_a_worker_process_per_core_unless_args_say_otherwise(monkeypatch):
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from hpml.components import beam_utils
+
+    monkeypatch.delenv("HPML_BEAM_PIPELINE_ARGS", raising=False)
+    monkeypatch.setattr(beam_utils, "_cores", lambda: 3)
+    large = beam_utils.LOCAL_PARALLEL_BYTES
+
+    def mode(args, size):
+        options = beam_utils.make_pipeline(args, size).options.view_as(DirectOptions)
+        return options.direct_running_mode, options.direct_num_workers
+
+    assert mode([], large) == ("multi_processing", 3)
+    assert mode([], large - 1) == ("in_memory", 1)
+    assert mode(["--direct_num_workers=1"], large) == ("in_memory", 1), "given args are kept as they are"
+    monkeypatch.setenv("HPML_BEAM_PIPELINE_ARGS", "--direct_running_mode=in_memory")
+    assert mode([], large) == ("in_memory", 1), "and so are the deployment's"
+    monkeypatch.delenv("HPML_BEAM_PIPELINE_ARGS")
+    monkeypatch.setattr(beam_utils, "_cores", lambda: 1)
+    assert mode([], large) == ("in_memory", 1), "one core: no worker processes"
+
+
+def test_example_gen_on_large_input_takes_the_worker_processes_and_writes_the_in_process_output(
+        tmp_path, penguin_csv, caplog, monkeypatch):
+    from hpml.components import beam_utils
+
+    monkeypatch.delenv("HPML_BEAM_PIPELINE_ARGS", raising=False)
+    monkeypatch.setattr(beam_utils, "_cores", lambda: 2)
+    monkeypatch.setattr(beam_utils, "LOCAL_PARALLEL_BYTES", os.path.getsize(penguin_csv))  # penguin is "large"
+    outputs = {}
+    for name, args in (("default", []), ("in_process", ["--direct_running_mode=in_memory"])):
+        outputs[name] = {"examples": str(tmp_path / name / "examples"), "schema": str(tmp_path / name / "schema")}
+        with caplog.at_level(logging.INFO):
+            caplog.clear()
+            EXAMPLE_GEN.run({}, outputs[name], {"input_path": penguin_csv, "beam_pipeline_args": args})
+            outputs[name]["log"] = caplog.text
+    assert _workers_started(outputs["default"]["log"]) >= 2
+    assert "one worker process per core (2)" in outputs["default"]["log"]
+    assert _workers_started(outputs["in_process"]["log"]) == 0
+    for split in ("train", "eval"):
+        assert _records(outputs["default"]["examples"], split) == _records(outputs["in_process"]["examples"], split)

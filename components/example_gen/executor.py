@@ -68,7 +68,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         raise InputDataError(f"{source}: the TFRecord input holds no records")
 
     with artifacts.publish(outputs["examples"]) as examples_dir, artifacts.publish(outputs["schema"]) as schema_dir:
-        pipeline = make_pipeline(params["beam_pipeline_args"])
+        pipeline = make_pipeline(params["beam_pipeline_args"], sum(file_system.size(path) for path in files))
         if params["input_format"] == "csv":
             stats = _write_csv_examples(pipeline, files, header, params, examples_dir, split_names, buckets)
         else:
