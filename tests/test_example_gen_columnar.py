@@ -186,7 +186,9 @@ def test_the_encoder_writes_protobufs_deterministic_bytes(rows):
     columns = {"year": pa.array(ints, mask=rng.random(rows) < 0.2),
                "bill": pa.array(floats, mask=rng.random(rows) < 0.3),
                "k" * 150: pa.array(words[rng.integers(0, 40, rows)], pa.binary(), mask=rng.random(rows) < 0.5),
-               "none": pa.array(np.zeros(rows, dtype=np.int64), mask=np.ones(rows, dtype=bool))}
+               "none": pa.array(np.zeros(rows, dtype=np.int64), mask=np.ones(rows, dtype=bool)),
+               # protobuf orders a key before its own prefix ('f10' before 'f1'): not plain byte order
+               **{name: pa.array(rng.integers(0, 5, rows)) for name in ("f1", "f10", "f2", "ye", "y")}}
     got = example_encoder.encode(columns, rows).to_pylist()
     for i in range(rows):
         example = tf.train.Example()

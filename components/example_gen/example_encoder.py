@@ -1,8 +1,9 @@
 """Typed Arrow columns -> serialized tf.Examples, built in native code (Arrow kernels and numpy), no per-row Python.
 
 Each column holds at most one value a row (a CSV cell). The bytes are those of protobuf's deterministic
-serialization of a `tf.train.Example` whose missing values are left out: features in the order of their names'
-bytes, single values in packed lists. tfx_bsl's `RecordBatchToExamples` is not used because it writes a null
+serialization of a `tf.train.Example` whose missing values are left out: features in the order protobuf sorts its
+map keys (which puts 'f10' before 'f1': not plain byte order, so protobuf itself is asked), single values in packed
+lists. tfx_bsl's `RecordBatchToExamples` is not used because it writes a null
 as an empty feature, which changes what readers see; this writes what ExampleGen has always written.
 
 Wire format (field numbers from example.proto and feature.proto):
@@ -14,6 +15,7 @@ Wire format (field numbers from example.proto and feature.proto):
 """
 from __future__ import annotations
 
+import functools
 from typing import Mapping
 
 import numpy as np
@@ -141,10 +143,36 @@ def _entries(name: str, values: pa.Array) -> pa.Array:
     return entries
 
 
+@functools.lru_cache(maxsize=64)
+def _map_order(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The feature names in the order protobuf's deterministic serialization writes a Features map's entries."""
+    from tensorflow.core.example import feature_pb2
+
+    features = feature_pb2.Features()
+    for name in names:
+        features.feature[name].int64_list.value.append(0)
+    data, order, at = features.SerializeToString(deterministic=True), [], 0
+    while at < len(data):  # entries: 0x0A len (0x0A len key ...)
+        size, at = _read_varint(data, at + 1)
+        key_size, key_at = _read_varint(data, at + 1)
+        order.append(data[key_at:key_at + key_size].decode("utf-8"))
+        at += size
+    return tuple(order)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[at]
+        value, shift, at = value | (byte & 0x7F) << shift, shift + 7, at + 1
+        if not byte & 0x80:
+            return value, at
+
+
 def encode(columns: Mapping[str, pa.Array], num_rows: int) -> pa.Array:
     """Serialized tf.Examples, one per row, as a binary array. A null leaves its feature out; a row with no value
     at all is an empty Example (no bytes), as protobuf writes one."""
-    names = sorted(columns, key=lambda name: name.encode("utf-8"))
+    names = _map_order(tuple(sorted(columns)))
     if not names:
         return pa.array([b""] * num_rows, pa.binary())
     entries = [_entries(name, columns[name]) for name in names]
