@@ -41,7 +41,8 @@ EXAMPLE_GEN = ComponentSpec(
                                           "a bad row, not a reason to read it as text"),
         "schema_path": Parameter((str, type(None)), None, help="a schema.pbtxt the data must match"),
         "num_shards": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0",
-                                help="output shards per split; 0 lets the runner decide"),
+                                help="output shards per split; 0: one per ~64 MB piece of a large file, small "
+                                     "files together"),
         "beam_pipeline_args": Parameter(list, [], help="passed to Beam unchanged (e.g. --runner=DataflowRunner); "
                                                         "without --runner, Beam's in-process FnApiRunner"),
     },
