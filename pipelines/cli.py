@@ -282,8 +282,39 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+# What a bug report needs besides hpml's own version: the libraries that run its components.
+_VERSIONED = ("tensorflow", "tf-keras", "tensorflow-transform", "tfx-bsl", "apache-beam", "apache-airflow", "mlflow")
+
+
+def version_text() -> str:
+    """`hpml 0.2.0`, then the installed versions of the libraries hpml runs on, read from package metadata
+    so that nothing is imported."""
+    from importlib import metadata
+
+    from hpml import __version__
+
+    found = []
+    for name in _VERSIONED:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"hpml {__version__}\n" + "\n".join(f"  {line}" for line in found)
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print hpml's version and its libraries' versions, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpml", description="High-performance ML pipelines on Airflow.")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors, and debug logging")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show the details: each input-pipeline decision, every artifact path, TensorFlow's "

@@ -179,6 +179,17 @@ def test_help_lists_the_commands_the_readme_documents():
     assert "distributed, gpipe, distillation, input_pipeline" in bench
 
 
+def test_version_names_hpml_and_the_libraries_it_runs_on():
+    from importlib import metadata
+
+    done = _hpml("--version")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"hpml {metadata.version('hpml')}"  # the package's version, not a second copy of it
+    for library in ("tensorflow", "tensorflow-transform", "apache-beam", "apache-airflow", "mlflow"):
+        assert f"  {library} {metadata.version(library)}" in lines, library
+
+
 @pytest.mark.parametrize("args, first_line", [
     (("run", "penguin", "--param", "epochs=0"), "error: parameter 'epochs': 0 is less than the minimum of 1"),
     (("run", "penguin", "--param", "epochs"), "error: --param 'epochs' is not NAME=VALUE"),
