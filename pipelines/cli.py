@@ -95,6 +95,9 @@ def cmd_init(args) -> int:
     classes = f" ({len(profile.classes)} classes)" if profile.classes else ""
     print(f"{args.name}: {profile.task} of {profile.label!r}{classes} from {len(profile.numeric)} numeric and "
           f"{len(profile.categorical)} text column(s), {profile.rows} rows")
+    if profile.renamed:
+        print("features renamed (their column names cannot name a feature): " +
+              ", ".join(f"{column!r} -> {feature}" for column, feature in profile.renamed))
     if profile.empty:
         print(f"left out (no value in any row): {', '.join(profile.empty)}")
     for kind in ("pipeline", "module", "dag"):

@@ -46,6 +46,9 @@ class CsvProfile:
     empty: tuple[str, ...]  # columns with no value in any row: left out
     rows: int
     classes: tuple[str, ...] = ()
+    # CSV column -> feature name, for the columns whose names cannot name a feature; the fields above hold
+    # feature names
+    renamed: tuple[tuple[str, str], ...] = ()
 
 
 def _is_number(text: str) -> bool:
@@ -54,6 +57,32 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return text.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity")
+
+
+def feature_name(column: str, taken: set[str]) -> str:
+    """A feature name for a CSV column whose name cannot be one: accents dropped, each run of other characters
+    as `_`, and a suffix where the result is already taken. `Body size (cm)` becomes `Body_size_cm`."""
+    import unicodedata
+
+    plain = "".join(c for c in unicodedata.normalize("NFKD", column) if not unicodedata.combining(c))
+    name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", plain).strip("_") or "column"
+    name = name if _FEATURE_RE.match(name) else f"c_{name}"
+    unique, number = name, 2
+    while unique in taken:
+        unique, number = f"{name}_{number}", number + 1
+    return unique
+
+
+def _feature_names(header: list[str]) -> list[str]:
+    """Each column's feature name: its own where it can be one."""
+    taken = {name for name in header if _FEATURE_RE.match(name)}
+    names = []
+    for name in header:
+        if not _FEATURE_RE.match(name):
+            name = feature_name(name, taken)
+            taken.add(name)
+        names.append(name)
+    return names
 
 
 def profile_csv(path: str, label: str, task: str | None = None, encoding: str = DEFAULT_ENCODING) -> CsvProfile:
@@ -71,11 +100,21 @@ def profile_csv(path: str, label: str, task: str | None = None, encoding: str = 
             numeric = [True] * len(header)
             whole = [True] * len(header)
             rows = 0
-            for line, row in enumerate(reader, start=2):
+            line = reader.line_num + 1  # where the next record starts
+            for row in reader:
+                first, line = line, reader.line_num + 1
                 if not row:
                     continue
+                if "\x00" in "".join(row):
+                    raise InputDataError(f"{path}:{first}: the row holds a NUL byte (\\x00)",
+                                         hint="check the file: NUL bytes mean binary data, or text in another "
+                                              "encoding, such as UTF-16")
                 if len(row) != len(header):
-                    raise InputDataError(f"{path}:{line}: expected {len(header)} fields, got {len(row)}",
+                    if reader.line_num > first and next(reader, None) is None:  # read to the end inside quotes
+                        raise InputDataError(f"{path}:{first}: a quoted value opened on this line is never closed",
+                                             hint='close the quote (a quote inside a quoted value is written '
+                                                  'twice: "")')
+                    raise InputDataError(f"{path}:{first}: expected {len(header)} fields, got {len(row)}",
                                          hint="fix the row, or quote a field that holds a comma")
                 rows += 1
                 for i, cell in enumerate(row):
@@ -98,10 +137,10 @@ def profile_csv(path: str, label: str, task: str | None = None, encoding: str = 
         close = difflib.get_close_matches(label, header, n=1)
         raise SpecError(f"--label {label!r} is not a column of {path}",
                         hint=(f"did you mean {close[0]!r}? " if close else "") + f"columns: {', '.join(header)}")
-    bad = [name for name in header if not _FEATURE_RE.match(name)]
-    if bad:
-        raise InputDataError(f"{path}: column name(s) {', '.join(map(repr, bad))} cannot name a feature",
-                             hint="rename them in the header: letters, digits, '_', '.', '-' or '/', not spaces")
+    features = _feature_names(header)
+    renamed = tuple((column, feature) for column, feature in zip(header, features) if column != feature)
+    label = features[header.index(label)]
+    header = features
     if rows == 0:
         raise InputDataError(f"{path}: the file has a header but no data rows")
     at = header.index(label)
@@ -123,6 +162,7 @@ def profile_csv(path: str, label: str, task: str | None = None, encoding: str = 
         categorical=tuple(header[i] for i in features if values[i] and not numeric[i]),
         empty=tuple(header[i] for i in features if not values[i]),
         classes=tuple(sorted(values[at])) if task == "classification" and len(values[at]) <= MAX_CLASSES else (),
+        renamed=renamed,
     )
 
 
@@ -139,10 +179,18 @@ def _tuple(names: tuple[str, ...]) -> str:
     return "(" + ", ".join(f'"{name}"' for name in names) + ("," if len(names) == 1 else "") + ")"
 
 
+def _renames(profile: CsvProfile) -> str:
+    """The CSV columns that take other names as features, as a dict literal, one column a line."""
+    return "{\n" + "".join(f"    {column!r}: {feature!r},\n" for column, feature in profile.renamed) + "}"
+
+
 def render_module(profile: CsvProfile, name: str, source: str) -> str:
     """module.py's text: the constants derived from the CSV, then the same code for every CSV."""
     left_out = f"# Left out, with no value in any row: {', '.join(profile.empty)}.\n" if profile.empty else ""
-    constants = (f'LABEL_KEY = "{profile.label}"\n'
+    renamed = ("# CSV columns whose names cannot name a feature, and the names ExampleGen gives them (pipeline.py's\n"
+               "# RENAME_COLUMNS); the features below, and the serving signature's inputs, use the new names.\n"
+               f"CSV_COLUMN_NAMES = {_renames(profile)}\n") if profile.renamed else ""
+    constants = (f'{renamed}LABEL_KEY = "{profile.label}"\n'
                  f'TASK = "{profile.task}"  # "classification" or "regression"\n'
                  "# z-scored; a missing value becomes the mean\n"
                  f"NUMERIC_FEATURES = {_tuple(profile.numeric)}\n"
@@ -157,6 +205,9 @@ def render_pipeline(profile: CsvProfile, name: str) -> str:
     description = f"{what} {profile.label} from the other columns of {Path(profile.path).name}."
     return (PIPELINE_TEMPLATE.replace("@NAME@", name).replace("@DESCRIPTION@", description)
             .replace("@DATA@", repr(profile.path)).replace("@LABEL@", repr(profile.label))
+            .replace("@RENAMES@", "# CSV column -> feature name, for the columns whose names cannot name a feature\n"
+                     f"RENAME_COLUMNS = {_renames(profile)}\n" if profile.renamed else "")
+            .replace("@RENAME_PARAM@", '                "rename_columns": RENAME_COLUMNS,\n' if profile.renamed else "")
             .replace("@NUMERIC@", _tuple(profile.numeric + ((profile.label,) if profile.task == "regression" else ())))
             .replace("@FEATURES@", _tuple((profile.label, *profile.numeric, *profile.categorical))))
 
@@ -210,7 +261,7 @@ from hpml.v1 import EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipe
 MODULE = str(Path(__file__).with_name("module.py"))  # preprocessing_fn and run_fn
 DATA = @DATA@
 LABEL = @LABEL@
-
+@RENAMES@
 PIPELINE = Pipeline(
     name="@NAME@",
     description="@DESCRIPTION@",
@@ -225,7 +276,7 @@ PIPELINE = Pipeline(
                 "numeric_columns": list(@NUMERIC@),
                 "skip_bad_rows": p["skip_bad_rows"],
                 "encoding": p["encoding"],
-            },
+@RENAME_PARAM@            },
         ),
         Node(
             "Transform", TRANSFORM,

@@ -169,6 +169,63 @@ def test_malformed_row_names_file_and_line(tmp_path):
     assert os.listdir(tmp_path / "out") == [], "a failed run must leave no artifact and no temporary"
 
 
+@pytest.mark.parametrize("last_column", [False, True], ids=["ragged", "width-kept"])
+def test_an_unclosed_quote_is_named_where_it_opened_not_at_the_end_of_the_file(tmp_path, monkeypatch, last_column):
+    """The per-row reader reads to the end of the file inside the quote; where the quote is in the last column,
+    Arrow accepts the rest of the file as one value, so the chunk must still be read row by row."""
+    from hpml.components.example_gen import csv_chunks
+
+    monkeypatch.setattr(csv_chunks, "CHUNK_BYTES", 1 << 10)  # many chunks before the quote, and after it
+    rows = _rows(400)
+    rows[250] = 'Adelie,Dream,1.0,"2007' if last_column else 'Adelie,"Dream,1.0,2007'
+    csv = write_csv(tmp_path / "bad.csv", HEADER, rows)
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": csv})
+    assert str(err.value) == f"{csv}:252: a quoted value opened on this line is never closed, so lines 252-401 " \
+                             "read as one row"
+    assert err.value.hint == 'close the quote (a quote inside a quoted value is written twice: ""), or set ' \
+                             'skip_bad_rows=true'
+    props, _ = _run(tmp_path, {"input_path": csv, "skip_bad_rows": True}, "skipped")
+    assert (props["bad_rows"], sum(props["split_counts"].values())) == (1, 250)
+
+
+def test_a_nul_byte_in_a_value_is_a_bad_row_named_by_line_and_column(tmp_path, caplog):
+    rows = _rows(40)
+    rows[7] = "Adelie,Dr\x00eam,1.0,2007"
+    csv = write_csv(tmp_path / "nul.csv", HEADER, rows)
+    with pytest.raises(InputDataError) as err:
+        _run(tmp_path, {"input_path": csv})
+    assert str(err.value) == f"{csv}:9: column 'island' holds a NUL byte (\\x00)"
+    assert "UTF-16" in err.value.hint and err.value.hint.endswith("or set skip_bad_rows=true")
+    with caplog.at_level("WARNING", logger="hpml.example_gen"):
+        props, out = _run(tmp_path, {"input_path": csv, "skip_bad_rows": True}, "skipped")
+    assert (props["bad_rows"], sum(props["split_counts"].values())) == (1, 39)
+    assert f"skipped bad row {csv}:9: column 'island' holds a NUL byte (\\x00)" in caplog.messages
+    stored = [v for e in _read(os.path.join(out["examples"], "*", "*.gz")) for v in
+              e.features.feature["island"].bytes_list.value]
+    assert len(stored) == 39 and not any(b"\x00" in v for v in stored)
+
+
+def test_rename_columns_gives_csv_columns_feature_names(tmp_path):
+    csv = write_csv(tmp_path / "data.csv", "Species name,island,bill length (mm),year", _rows(60))
+    props, out = _run(tmp_path, {"input_path": csv, "rename_columns": {"Species name": "species",
+                                                                         "bill length (mm)": "bill_length_mm"},
+                                 "required_columns": ["species"], "numeric_columns": ["bill_length_mm"]})
+    assert sum(props["split_counts"].values()) == 60
+    assert {f.name for f in read_schema(os.path.join(out["schema"], "schema.pbtxt")).feature} == \
+        {"species", "island", "bill_length_mm", "year"}
+    assert set(_read(os.path.join(out["examples"], "*", "*.gz"))[0].features.feature) == \
+        {"species", "island", "bill_length_mm", "year"}
+    with pytest.raises(InputDataError, match=r"data\.csv:1: rename_columns names column\(s\) 'species' that the "
+                                             r"header does not hold") as err:
+        _run(tmp_path, {"input_path": csv, "rename_columns": {"species": "kind"}}, "unknown")
+    assert "Species name" in err.value.hint
+    with pytest.raises(InputDataError, match=r"feature name\(s\) 'island' name more than one column"):
+        _run(tmp_path, {"input_path": csv, "rename_columns": {"Species name": "island"}}, "clash")
+    with pytest.raises(SpecError, match=r"gives feature name\(s\) 'x' to more than one column"):
+        _run(tmp_path, {"input_path": csv, "rename_columns": {"Species name": "x", "island": "x"}}, "twice")
+
+
 def test_skip_bad_rows_counts_them_and_logs_the_first_few(tmp_path, caplog):
     """A skipped row used to leave no trace but a count in the run record: the user could not tell which
     rows, or why, without turning skip_bad_rows off again."""

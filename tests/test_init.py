@@ -29,7 +29,7 @@ def _hpml(*args, cwd, **env):
                           env=dict(os.environ, COLUMNS="200", **env))
 
 
-def _species_csv(path: Path, rows: int = 240) -> str:
+def _species_csv(path: Path, rows: int = 240, header=("size", "colour", "kind")) -> str:
     """Two features only, a text label, and missing values in both features."""
     rng = random.Random(7)
     data = []
@@ -38,7 +38,7 @@ def _species_csv(path: Path, rows: int = 240) -> str:
         size = rng.gauss(1.0 if kind == "small" else 3.0, 0.3)
         colour = rng.choice(["red", "blue"]) if kind == "small" else rng.choice(["blue", "green"])
         data.append(["" if i % 11 == 0 else round(size, 3), "NA" if i % 13 == 0 else colour, kind])
-    return _write(path, ["size", "colour", "kind"], data)
+    return _write(path, list(header), data)
 
 
 def _prices_csv(path: Path, rows: int = 300) -> str:
@@ -75,7 +75,6 @@ def test_the_column_kinds_and_the_task_come_from_the_csv(tmp_path):
     (["a", "label"], [[1, "x"], [2, "x"]], "label", None, InputDataError, "label 'label' has one value ('x')"),
     (["a", "label"], [[1, "x"], [2, "y"]], "label", "regression", InputDataError, "holds text (e.g. 'x')"),
     (["a", "label"], [[1, ""], [2, "NA"]], "label", None, InputDataError, "label 'label' has no value in any row"),
-    (["a b", "label"], [[1, "x"], [2, "y"]], "label", None, InputDataError, "column name(s) 'a b' cannot name"),
     (["a", "a", "label"], [[1, 1, "x"]], "label", None, InputDataError, "column(s) 'a' appear more than once"),
     (["a", "label"], [], "label", None, InputDataError, "has a header but no data rows"),
 ])
@@ -90,9 +89,38 @@ def test_a_csv_hpml_init_cannot_use_is_refused_with_the_reason(tmp_path, header,
 
 def test_a_ragged_row_is_named_by_its_line(tmp_path):
     path = tmp_path / "ragged.csv"
-    path.write_text("a,b,label\n1,2,x\n3,4\n", encoding="utf-8")
-    with pytest.raises(InputDataError, match=r"ragged\.csv:3: expected 3 fields, got 2"):
+    path.write_text('a,b,label\n1,"two\nlines",x\n3,4\n', encoding="utf-8")
+    with pytest.raises(InputDataError, match=r"ragged\.csv:4: expected 3 fields, got 2"):
         scaffold.profile_csv(str(path), "label")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('a,b,label\n1,2,x\n3,"4,y\n5,6,x\n7,8,y\n', ':3: a quoted value opened on this line is never closed'),
+    ('a,b,label\n1,2,x\n3,4\x005,y\n', ':3: the row holds a NUL byte'),
+])
+def test_an_unclosed_quote_and_a_nul_byte_are_named_where_they_are(tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputDataError, match=message):
+        scaffold.profile_csv(str(path), "label")
+
+
+def test_column_names_that_cannot_name_features_are_mapped_and_the_mapping_is_written(tmp_path):
+    path = _write(tmp_path / "data.csv", ["Body size (cm)", "colour", "Größe", "colour!", "Kind?"],
+                  [[1.5, "red", 2, "x", "a"], [2.5, "blue", 3, "y", "b"]])
+    profile, written = scaffold.init_project("mine", path, "Kind?", directory=str(tmp_path))
+    assert profile.renamed == (("Body size (cm)", "Body_size_cm"), ("Größe", "Gro_e"), ("colour!", "colour_2"),
+                               ("Kind?", "Kind"))
+    assert (profile.label, profile.numeric, profile.categorical) == ("Kind", ("Body_size_cm", "Gro_e"),
+                                                                     ("colour", "colour_2"))
+    module = Path(written["module"]).read_text(encoding="utf-8")
+    assert "CSV_COLUMN_NAMES = {\n    'Body size (cm)': 'Body_size_cm',\n" in module
+    from hpml.v1 import load_pipeline
+
+    pipeline = load_pipeline(written["pipeline"])
+    example_gen = next(node for node in pipeline.nodes if node.id == "ExampleGen")
+    params = example_gen.params({"data_path": path, "skip_bad_rows": False, "encoding": "utf-8"})
+    assert params["rename_columns"] == dict(profile.renamed) and params["required_columns"] == ["Kind"]
 
 
 def test_init_refuses_to_overwrite_and_a_bad_name(tmp_path):
@@ -124,10 +152,12 @@ def test_hpml_init_then_hpml_run_trains_a_classifier_that_serves(tmp_path):
 
     work = tmp_path / "work"
     work.mkdir()
-    data = _species_csv(work / "species.csv")
-    done = _hpml("init", "species", "--csv", data, "--label", "kind", cwd=work)
+    data = _species_csv(work / "species.csv", header=("Body size (cm)", "colour", "Kind?"))
+    done = _hpml("init", "species", "--csv", data, "--label", "Kind?", cwd=work)
     assert done.returncode == 0, done.stderr
-    assert "species: classification of 'kind' (2 classes) from 1 numeric and 1 text column(s), 240 rows" in done.stdout
+    assert "species: classification of 'Kind' (2 classes) from 1 numeric and 1 text column(s), 240 rows" in done.stdout
+    assert "features renamed (their column names cannot name a feature): 'Body size (cm)' -> Body_size_cm, " \
+        "'Kind?' -> Kind" in done.stdout
     assert "next: hpml run species" in done.stdout
     run = _hpml("run", "species", "--param", "epochs=8", "--param", "learning_rate=0.05", cwd=work,
                 HPML_DATA_ROOTS=str(tmp_path))
@@ -138,7 +168,7 @@ def test_hpml_init_then_hpml_run_trains_a_classifier_that_serves(tmp_path):
     model_dir = next(line.split("artifacts: ")[1] for line in run.stdout.splitlines() if line.startswith("artifacts: "))
     served = tf.saved_model.load(os.path.join(model_dir, "Trainer", "model", "Format-Serving"))
     examples = [tf.train.Example(features=tf.train.Features(feature={
-        "size": tf.train.Feature(float_list=tf.train.FloatList(value=[size])),
+        "Body_size_cm": tf.train.Feature(float_list=tf.train.FloatList(value=[size])),
         "colour": tf.train.Feature(bytes_list=tf.train.BytesList(value=[colour.encode()]))})).SerializeToString()
         for size, colour in ((1.0, "red"), (3.1, "green"))]
     out = served.signatures["serving_default"](examples=tf.constant(examples))

@@ -133,12 +133,25 @@ class RowRules:
             return f"column {name!r} {numeric_problems[name]}"
         return None
 
-    def read(self, fields: list[str]) -> tuple[dict, str | None, bool]:
-        """The row's {column: text or None}, what is wrong with it by the read rules (or None), and whether that
-        is an undecodable byte."""
+    def _nul(self, fields: list[str]) -> str:
+        """The first field holding a NUL character, as a problem: a NUL is never text, and most often the mark of
+        a binary file or a file in another encoding read as this one."""
+        number = next(i for i, text in enumerate(fields) if "\x00" in text)
+        where = f"column {self._header[number]!r}" if number < len(self._header) else f"field {number + 1}"
+        return f"{where} holds a NUL byte (\\x00)"
+
+    def read(self, fields: list[str]) -> tuple[dict, str | None, str]:
+        """The row's {column: text or None}, what is wrong with it by the read rules (or None), and how to fix
+        that."""
         values, numeric_problems = self._cells(fields)
-        bad_bytes = None if "".join(fields).isascii() else self._undecodable(values)  # ASCII: 0.13 µs
-        return values, bad_bytes or self._problem(fields, values, numeric_problems), bad_bytes is not None
+        joined = "".join(fields)
+        bad_bytes = None if joined.isascii() else self._undecodable(values)  # ASCII: 0.13 µs
+        if bad_bytes:
+            return values, bad_bytes, row_not_decodable_hint(self.encoding)
+        if "\x00" in joined:
+            return values, self._nul(fields), "check the file: NUL bytes mean binary data, or text in an encoding " \
+                "like UTF-16 read as another (set encoding)"
+        return values, self._problem(fields, values, numeric_problems), "fix the row"
 
     @staticmethod
     def convert(values: Mapping[str, str | None], kinds: Mapping[str, int]) -> str | None:
@@ -155,20 +168,45 @@ class RowRules:
         return None
 
 
+def _unclosed_quote(lines: list[str], first: int, last: int) -> int | None:
+    """The line (1-based, of `lines`) where a quote opens that the record on lines first..last never closes, or
+    None when the record is not the text's last or its quotes close: the quote after which the count of quote
+    characters stays odd."""
+    if last != len(lines):
+        return None
+    opened, odd = None, False
+    for number in range(first, last + 1):
+        was_odd, odd = odd, odd ^ (lines[number - 1].count('"') % 2 == 1)
+        if odd and not was_odd:
+            opened = number
+    return opened if odd else None
+
+
 def checked_rows(text: str, path: str, lines_before: int, rules: RowRules, skip_bad_rows: bool,
                  skipped: SkippedRows | None, kinds: Mapping[str, int] | None = None) -> Iterator[tuple[int, dict]]:
     """(line, values) of each good row of a chunk of CSV text (whole records) whose first line is line
     `lines_before` + 1 of `path`. A bad row is an error naming file, line and problem, or is skipped, and
-    counted and logged when `skipped` is given. With `kinds`, the conversion rule applies too."""
+    counted and logged when `skipped` is given. With `kinds`, the conversion rule applies too. A quote that
+    never closes is named at the line where it opened, not at the end of the file, where the reader stops."""
     reader = csv.reader(io.StringIO(text, newline=""))
+    # An odd count of quotes: the text ends inside a quoted value. Its lines find where that value opened.
+    lines = io.StringIO(text, newline="").readlines() if text.count('"') % 2 else None
+    record_start = 1
     try:
         for fields in reader:
+            first, record_start = record_start, reader.line_num + 1
             line = lines_before + reader.line_num
             if not fields:
                 continue  # a blank line
-            values, problem, bad_bytes = rules.read(fields)
+            values, problem, fix = rules.read(fields)
             if problem is None and kinds is not None:
                 problem = rules.convert(values, kinds)
+            opened = _unclosed_quote(lines, first, reader.line_num) if lines else None
+            if opened is not None:
+                line, last = lines_before + opened, lines_before + reader.line_num
+                problem = "a quoted value opened on this line is never closed" + \
+                    (f", so lines {line}-{last} read as one row" if last > line else "")
+                fix = 'close the quote (a quote inside a quoted value is written twice: "")'
             if problem is None:
                 yield line, values
                 continue
@@ -176,7 +214,6 @@ def checked_rows(text: str, path: str, lines_before: int, rules: RowRules, skip_
                 if skipped is not None:
                     skipped.skip(f"{path}:{line}", problem)
                 continue
-            fix = row_not_decodable_hint(rules.encoding) if bad_bytes else "fix the row"
             raise InputDataError(f"{path}:{line}: {problem}", hint=f"{fix}, or set skip_bad_rows=true")
     except READ_ERRORS as err:
         raise unreadable(path, lines_before + reader.line_num, err) from None

@@ -79,6 +79,12 @@ def _read_rule_violations(columns: dict[str, pa.Array], settings: CsvSettings) -
     return bad, numeric
 
 
+def suspect(data: bytes) -> bool:
+    """Whether a chunk holds what Arrow reads without complaint but the per-row path refuses: a NUL byte, or an odd
+    count of quotes (a quoted value that never closes). Both are memchr-speed scans."""
+    return b"\x00" in data or data.count(b'"') % 2 == 1
+
+
 class _ChunkReader:
     """A work item's chunks as columns of trimmed cells (missing ones null), by Arrow where it can; a chunk that
     Arrow cannot parse, or that holds a bad row, by the per-row path, which names, skips or refuses its bad rows."""
@@ -88,7 +94,9 @@ class _ChunkReader:
 
     def fast(self, chunk: csv_chunks.Chunk) -> dict[str, pa.Array] | None:
         """The chunk's columns, or None where Arrow cannot read it as whole, well-formed, decodable rows."""
-        table = _arrow_table(chunk.data, self._settings) if isinstance(chunk.data, bytes) else None
+        if not isinstance(chunk.data, bytes) or suspect(chunk.data):
+            return None
+        table = _arrow_table(chunk.data, self._settings)
         if table is None:
             return None
         ascii_only = csv_cells.ascii_without_separators(chunk.data)

@@ -41,6 +41,20 @@ def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: 
     schema_inference.write_schema(schema, artifacts.schema_path(schema_dir))
 
 
+def _renamed(header: list[str], renames: Mapping[str, str], path: str) -> list[str]:
+    """The header's names as feature names: each CSV column that `renames` names takes its new name."""
+    unknown = [column for column in renames if column not in header]
+    if unknown:
+        raise InputDataError(f"{path}:1: rename_columns names column(s) {', '.join(map(repr, unknown))} that the "
+                             "header does not hold", hint=csv_header.describe_header(header))
+    features = [renames.get(name, name) for name in header]
+    clashes = sorted({name for name in features if features.count(name) > 1})
+    if clashes:
+        raise InputDataError(f"{path}:1: after rename_columns, feature name(s) {', '.join(map(repr, clashes))} "
+                             "name more than one column", hint="give each column a feature name of its own")
+    return features
+
+
 def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
     files = input_files.expand_inputs(params["input_path"])
     source = params["input_path"]
@@ -59,11 +73,15 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 raise InputDataError(
                     f"{other}: header differs from {files[0]}: {csv_header.header_difference(other_header, header)}",
                     hint=f"every input file must hold the same columns in the same order{glob_hint}")
+        header = _renamed(header, params["rename_columns"], files[0])
         for name in [*required, *numeric]:
             if name not in header:
                 kind = "required" if name in required else "numeric"
                 raise InputDataError(f"{files[0]}:1: {kind} column {name!r} is missing",
                                      hint=csv_header.describe_header(header))
+    elif params["rename_columns"]:
+        raise InputDataError(f"{source}: rename_columns applies to CSV input; TFRecord input keeps its feature names",
+                             hint="leave rename_columns out with input_format='tfrecord'")
     elif not any(input_files.has_any_record(f) for f in files):
         raise InputDataError(f"{source}: the TFRecord input holds no records")
 

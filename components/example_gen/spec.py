@@ -17,6 +17,14 @@ def _check_splits(splits: dict) -> str | None:
     return None
 
 
+def _check_renames(renames: dict) -> str | None:
+    for column, feature in renames.items():
+        if not isinstance(column, str) or not isinstance(feature, str) or not column.strip() or not feature.strip():
+            return f"maps CSV column names to feature names (non-empty strings), got {column!r}: {feature!r}"
+    repeated = sorted({f for f in renames.values() if list(renames.values()).count(f) > 1})
+    return f"gives feature name(s) {', '.join(map(repr, repeated))} to more than one column" if repeated else None
+
+
 EXAMPLE_GEN = ComponentSpec(
     name="ExampleGen",
     inputs={},
@@ -39,6 +47,9 @@ EXAMPLE_GEN = ComponentSpec(
         "numeric_columns": Parameter(list, [], check=names("column"),
                                      help="columns (or features) that must hold numbers: a value that is not one is "
                                           "a bad row, not a reason to read it as text"),
+        "rename_columns": Parameter(dict, {}, check=_check_renames,
+                                    help="CSV column name -> feature name, for columns whose names cannot name a "
+                                         "feature (spaces, say); other parameters use the feature names"),
         "schema_path": Parameter((str, type(None)), None, help="a schema.pbtxt the data must match"),
         "num_shards": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0",
                                 help="output shards per split; 0: one per ~64 MB piece of a large file, small "
