@@ -29,7 +29,7 @@ def _setup_logging(debug: bool, verbose: bool) -> None:
     """hpml's own progress at info level; with --verbose, hpml's details (each tuner decision, every artifact
     path) and the libraries' info lines too; with --debug, everything."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
-                        format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+                        format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S", force=True)
     if verbose and not debug:
         logging.getLogger("hpml").setLevel(logging.DEBUG)
     if not (verbose or debug):
@@ -38,8 +38,9 @@ def _setup_logging(debug: bool, verbose: bool) -> None:
             logging.getLogger(noisy).setLevel(logging.WARNING)
         # MLflow configures its own logger when first imported, from this.
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-        # Airflow logs through structlog, which stdlib levels do not reach; its own setting does.
-        os.environ.setdefault("AIRFLOW__LOGGING__NAMESPACE_LEVELS", "airflow=WARNING task=WARNING")
+        # Airflow logs through structlog, which stdlib levels do not reach; its own setting does. A failed task's
+        # traceback ("task" at error level) is left to --debug: the run ends in the component's one-line error.
+        os.environ.setdefault("AIRFLOW__LOGGING__NAMESPACE_LEVELS", "airflow=WARNING task=CRITICAL")
         # Airflow's in-process test client warns about its own dependency on every run.
         warnings.filterwarnings("ignore", message=".*`httpx` with `starlette.testclient` is deprecated")
     if not debug:
@@ -76,6 +77,8 @@ def cmd_run(args) -> int:
         from hpml.pipelines.airflow import local as airflow_local
 
         airflow_local.migrate()
+        airflow_local.load_airflow()  # which replaces this process's logging with its own, at info level
+        _setup_logging(args.debug, args.verbose)  # so ours again: the lines the local engine prints
         dag_run = airflow_local.test_run(args.pipeline, values)
         state = str(getattr(dag_run, "state", "")).lower()
         mlflow_run_id = records.find("airflow.run_id", dag_run.run_id, pipeline.name)
@@ -115,14 +118,12 @@ def _raise_recorded_failure(mlflow_run_id: str | None, fallback: str) -> None:
 
     tags = records.load(mlflow_run_id).tags if mlflow_run_id else {}
     error, node = tags.get("hpml.error"), tags.get("hpml.failed_node")
-    if tags.get("hpml.report"):  # the task logged it, but Airflow keeps task logs apart
-        print(f"run report (the run failed in {node}): {tags['hpml.report']}", file=sys.stderr)
     if not (error and node):
-        raise HpmlError(fallback, hint="the task log above names the failing component")
+        raise HpmlError(fallback, hint="--debug shows the tasks' own logs, which name the failing component")
     if error == "KeyboardInterrupt":  # Ctrl-C reached the task, which Airflow records as a failure
         raise KeyboardInterrupt
     raise HpmlError(f"{node} failed: {error}",
-                    hint=tags.get("hpml.error_hint") or f"{fallback}; the task log above has the traceback")
+                    hint=tags.get("hpml.error_hint") or f"{fallback}; --debug shows the task's traceback")
 
 
 def cmd_runs(args) -> int:

@@ -231,6 +231,9 @@ def test_a_failed_component_ends_in_its_own_error_and_hint_on_either_engine(engi
                           "hint: fix the row, or set skip_bad_rows=true"]
     if engine == "local":  # Beam logged the DoFn's exception with its traceback before re-raising it
         assert "Traceback" not in done.stderr, "the CLI's errors are one line plus a hint; --debug shows more"
+    # Either engine prints hpml's lines alike, one per step: not Airflow's per-task lines in its own format.
+    assert re.search(r"^\d\d:\d\d:\d\d hpml\.runner ExampleGen: starting$", done.stderr, re.M), done.stderr[-3000:]
+    assert "[DAG TEST]" not in done.stdout + done.stderr and " loc=" not in done.stdout + done.stderr
     listed = _hpml("runs", "--pipeline", "penguin", "--limit", "1", columns=80).stdout.splitlines()
     row = next(i for i, line in enumerate(listed) if "FAILED" in line)
     assert listed[row + 1].split()[-1] == "ExampleGen", "the listing names the component a failed run stopped in"

@@ -40,6 +40,12 @@ def migrate() -> None:
         raise HpmlError("airflow db migrate failed:\n" + done.stderr[-2000:])
 
 
+def load_airflow() -> None:
+    """Imports Airflow configured for this private home; its import sets up the process's logging."""
+    configure()
+    import airflow.settings  # noqa: F401
+
+
 def test_run(reference: str, conf: dict):
     """One real DAG run of the pipeline `reference` names, in this process (`dag.test`); returns the DagRun."""
     home = configure()
