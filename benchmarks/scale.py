@@ -9,9 +9,10 @@ Variants, each run in a process of its own (peak RSS is that process's):
 - `transform`: hpml's Transform on the in-process ExampleGen's output, with its phases (graph, Beam, tuning);
 - `tfx`: TFX 1.16's chain in .venv-tfx (`make test-tfx` builds it), one process, component times from MLMD.
 
-    python benchmarks/scale.py [--rows 100000 1000000 10000000] [--repeats 3] [--tfx-max-rows 1000000]
+    python benchmarks/scale.py [--rows 100000 1000000 10000000] [--repeats 3] [--tfx-max-rows 1000000] [--add]
 
-Sizes above 1M rows run once. Writes benchmarks/results/scale.json, scale.md and scale.png.
+Sizes above 1M rows run once. Writes benchmarks/results/scale.json, scale.md and scale.png; `--add` keeps the sizes
+already in scale.json and adds these, and `--rerender` writes scale.md and scale.png again from scale.json.
 """
 from __future__ import annotations
 
@@ -147,6 +148,8 @@ def main() -> None:
                         help="run TFX up to this size (its chain takes about an hour at 10M rows here)")
     parser.add_argument("--workdir", default=None, help="where the CSVs are generated (kept) and outputs written")
     parser.add_argument("--note", default="", help="a line on how this run was made, printed in the results")
+    parser.add_argument("--add", action="store_true",
+                        help="add these sizes to the committed results (scale.json) instead of starting afresh")
     args = parser.parse_args()
     from scale_data import write_csv
 
@@ -154,6 +157,9 @@ def main() -> None:
         sys.exit("benchmarks/scale.py needs .venv-tfx for TFX 1.16: run `make test-tfx` once")
     workdir = args.workdir or tempfile.mkdtemp(prefix="hpml-scale-")
     results = {"machine": machine(), "note": args.note, "sizes": {}}
+    if args.add and (RESULTS / "scale.json").exists():
+        results = json.loads((RESULTS / "scale.json").read_text())
+        results["note"] = " ".join(filter(None, [results.get("note"), args.note]))
     module = None
     for rows in sorted(args.rows):
         csv = os.path.join(workdir, f"{rows}.csv")
@@ -162,11 +168,12 @@ def main() -> None:
         module = module or _module(workdir, csv)
         repeats = args.repeats if rows <= 1_000_000 else 1
         runs = [_one_repeat(csv, module, workdir, rows <= args.tfx_max_rows) for _ in range(repeats)]
-        size = {"csv_bytes": os.path.getsize(csv), "repeats": repeats}
+        size = {"csv_bytes": os.path.getsize(csv), "repeats": repeats, "date": machine()["date"]}
         for kind in VARIANTS:
             if kind in runs[0]:
                 size[kind] = {key: median([run[kind][key] for run in runs]) for key in runs[0][kind]}
         results["sizes"][str(rows)] = size
+        results["sizes"] = dict(sorted(results["sizes"].items(), key=lambda item: int(item[0])))
         write_results("scale", results, render(results))  # a long run keeps what it has measured so far
     plot(results, RESULTS / "scale.png")
 
@@ -207,12 +214,14 @@ def render(data: dict) -> str:
             lines.append(f"| {int(rows):,} | {kind} | {stats['seconds']:.1f} | {int(rows) / stats['seconds']:,.0f} | "
                          f"{stats['peak_rss_mib']:.0f} | {_detail(kind, size)} |")
     sizes = list(data["sizes"].items())
-    if len(sizes) > 1:
-        (small_rows, small), (large_rows, large) = sizes[0], sizes[-1]
+    steps = []
+    for (small_rows, small), (large_rows, large) in zip(sizes, sizes[1:]):
         growth = ", ".join(f"{kind} {large[kind]['peak_rss_mib'] / small[kind]['peak_rss_mib']:.2f}x"
                            for kind in ("examplegen", "transform", "tfx") if kind in small and kind in large)
-        lines += ["", f"Peak RSS from {int(small_rows):,} to {int(large_rows):,} rows: {growth}. The 2-process "
-                      "ExampleGen's RSS is its driver's; Beam's worker processes are not counted."]
+        steps.append(f"from {int(small_rows):,} to {int(large_rows):,} rows: {growth}")
+    if steps:
+        lines += ["", f"Peak RSS {'; '.join(steps)}. The 2-process ExampleGen's RSS is its driver's; Beam's worker "
+                      "processes are not counted."]
     return "\n".join(lines) + "\n"
 
 
@@ -273,8 +282,17 @@ def plot(data: dict, path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def rerender() -> None:
+    """scale.md and scale.png again from scale.json, as after a run (`--rerender`)."""
+    data = json.loads((RESULTS / "scale.json").read_text())
+    write_results("scale", data, render(data))
+    plot(data, RESULTS / "scale.png")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == _CHILD:
         _child(*sys.argv[2:])
+    elif sys.argv[1:] == ["--rerender"]:
+        rerender()
     else:
         main()
