@@ -15,7 +15,7 @@ def run_fn(fn_args):
     import tensorflow as tf
     import tf_keras
 
-    from hpml.components.trainer.callbacks import ProgressReporter
+    from hpml.components.trainer.progress_reporter import ProgressReporter
     from hpml.components.trainer.strategies import is_chief, make_strategy
 
     config = fn_args.custom_config

@@ -22,7 +22,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks._common import machine, median, write_results  # noqa: E402
-from hpml.components.trainer.callbacks import read_progress  # noqa: E402
+from hpml.components.trainer.progress_state import read_progress  # noqa: E402
 
 RUN_FN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_run_fn.py")
 SAVE_FREQ = 20

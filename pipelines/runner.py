@@ -71,12 +71,17 @@ def start(pipeline: Pipeline, values: Mapping[str, Any], run_id: str | None = No
     return RunContext(pipeline.name, run_id, run_dir, validated, mlflow_run_id)
 
 
+def output_uri(run_dir: str, node_id: str, output: str) -> str:
+    """Where a run's node writes an output: `<run_dir>/<node>/<output>/`."""
+    return os.path.join(run_dir, node_id, output)
+
+
 def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
                  upstream: Mapping[str, Mapping[str, str]]) -> NodeResult:
     """Run one component into `<run_dir>/<node>/<output>/` and record the outcome."""
     node = pipeline.node(node_id)
     inputs = node.resolve_inputs(upstream)
-    outputs = {name: os.path.join(context.run_dir, node.id, name) for name in node.component.outputs}
+    outputs = {name: output_uri(context.run_dir, node.id, name) for name in node.component.outputs}
     log.info("%s: starting", node.id)
     # Metrics of a node named after its component keep their plain names (penguin's "loss");
     # several nodes of one component (Teacher_0, Student_scratch) get their node id as a prefix.

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from hpml.components.errors import SpecError
 from hpml.components.trainer import TRAINER
-from hpml.components.trainer.callbacks import read_progress
+from hpml.components.trainer.progress_state import read_progress
 from hpml.components.trainer.launchers.local import LaunchError
 from tests.helpers import trainer_inputs, trainer_outputs
 

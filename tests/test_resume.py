@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from hpml.components.trainer import TRAINER
-from hpml.components.trainer.callbacks import PROGRESS_FILE, read_progress
+from hpml.components.trainer.progress_state import PROGRESS_FILE, read_progress
 from hpml.components.trainer.resume import backed_up_steps, backup_dir
 from tests.helpers import REPO, trainer_inputs, trainer_outputs
 
@@ -131,7 +131,7 @@ def test_mwms_workers_killed_at_random_moments_end_with_the_uninterrupted_weight
 TRAIN_ONCE = """
 import json, sys
 from hpml.components.trainer import TRAINER
-from hpml.components.trainer.callbacks import PROGRESS_FILE, read_progress
+from hpml.components.trainer.progress_state import PROGRESS_FILE, read_progress
 inputs, outputs, params = json.loads(sys.argv[1])
 TRAINER.run(inputs, outputs, params)
 """

@@ -11,6 +11,8 @@ import time
 import tf_keras
 
 from hpml.components import files
+from hpml.components.trainer.progress_reporter import ProgressReporter
+from hpml.components.trainer.progress_state import progress_dir
 
 log = logging.getLogger("hpml.trainer")
 
@@ -179,9 +181,6 @@ def read_metrics(model_run_dir: str) -> list[dict]:
     return [latest[epoch] for epoch in sorted(latest)]
 
 
-PROGRESS_FILE = "progress.json"
-
-
 def progress_mode(stream=None) -> str:
     """'bar' on an interactive terminal, 'plain' in logs and CI; HPML_PROGRESS=bar|plain overrides."""
     forced = os.environ.get("HPML_PROGRESS", "").lower()
@@ -269,54 +268,6 @@ def _reroute_log_handlers(proxies: dict) -> list:
             if proxy is not None:
                 rerouted.append((handler, handler.setStream(proxy)))
     return rerouted
-
-
-class ProgressReporter(tf_keras.callbacks.Callback):
-    """Publishes the global step (and the step training resumed from) to a small JSON file,
-    so a launcher can tell how many steps a failure cost and when training is moving again."""
-
-    def __init__(self, directory: str, every_seconds: float = 0.2):
-        super().__init__()
-        self._path = os.path.join(directory, PROGRESS_FILE)
-        # An object store takes about one write a second to the same object (GCS's documented limit).
-        self._every = max(every_seconds, 1.0) if files.is_url(directory) else every_seconds
-        self._last = 0.0
-        files.makedirs(directory)
-
-    def _write(self, **extra):
-        state = {"step": int(self.model.optimizer.iterations.numpy()), "time": time.time(),
-                 "resumed_from_step": self._resumed, "pid": os.getpid(), **extra}
-        if files.is_url(self._path):  # an object appears whole when written
-            files.write_text(self._path, json.dumps(state))
-            return
-        tmp = f"{self._path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(state, handle)
-        os.replace(tmp, self._path)
-
-    def on_train_begin(self, logs=None):
-        self._resumed = None  # the optimizer's counter is restored lazily, at its first update
-        self._write(event="begin")
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self._resumed is None:
-            self._resumed = int(self.model.optimizer.iterations.numpy()) - 1
-            self._write(event="step")
-            return
-        now = time.perf_counter()
-        if now - self._last >= self._every:
-            self._last = now
-            self._write(event="step")
-
-    def on_train_end(self, logs=None):
-        self._write(event="end")
-
-
-def read_progress(directory: str) -> dict | None:
-    try:
-        return json.loads(files.read_text(os.path.join(directory, PROGRESS_FILE)))
-    except (OSError, ValueError):
-        return None
 
 
 class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
@@ -421,7 +372,7 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
     # batch-level callbacks are not allowed.
     if every_step:
         if fn_args.working_dir:
-            callbacks.append(ProgressReporter(os.path.join(fn_args.working_dir, "progress")))
+            callbacks.append(ProgressReporter(progress_dir(fn_args.working_dir)))
         if progress_mode() == "bar":
             callbacks.append(TerminalProgress(epochs))
     return callbacks

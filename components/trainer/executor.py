@@ -18,15 +18,11 @@ from hpml.components.input_pipeline.shards import explain_read_error
 from hpml.components.input_pipeline.stall import STALL_FILE
 from hpml.components.trainer.fn_args import FnArgs, input_pipeline_data_accessor, tfxio_data_accessor
 from hpml.components.trainer.launchers import remote
+from hpml.components.trainer.progress_state import progress_dir, working_dir_for
 from hpml.components.trainer.strategies import CLUSTER_STRATEGIES
 from hpml.components.user_module import load_function
 
 log = logging.getLogger("hpml.trainer")
-
-
-def working_dir_for(model_uri: str) -> str:
-    """A stable, run-scoped working dir: BackupAndRestore's backups survive task retries here."""
-    return files.absolute(model_uri) + ".work"
 
 
 def _model_memory(params) -> plan_mod.ModelMemory | None:
@@ -192,6 +188,6 @@ def _launch_local(fn_args: FnArgs, params, plan) -> dict:
 
     job_path = _write_job(fn_args, params, plan)
     launcher = LocalLauncher(params["num_workers"], params["num_ps"], params["max_restarts"])
-    report = launcher.run(job_path, os.path.join(fn_args.working_dir, "progress"))
+    report = launcher.run(job_path, progress_dir(fn_args.working_dir))
     log.info("launch report: %s", report.to_dict())
     return report.to_dict()

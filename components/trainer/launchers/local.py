@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from hpml.components.errors import USER_ERROR_EXIT, HpmlError
-from hpml.components.trainer.callbacks import read_progress
+from hpml.components.trainer.progress_state import read_progress, record_restart
 from hpml.components.trainer.launchers.exits import error_summary
 from hpml.components.trainer.launchers.stopping import LAUNCHER_PID_ENV, raise_if_stopped, sigterm_raises
 
@@ -147,6 +147,7 @@ class LocalLauncher:
         if num_workers < 1 or num_ps < 0 or max_restarts < 0:
             raise HpmlError("the local launcher needs num_workers >= 1, num_ps >= 0, max_restarts >= 0")
         self.num_workers, self.num_ps, self.max_restarts = num_workers, num_ps, max_restarts
+        self._progress_dir: str | None = None  # where restarts are recorded for the UI, once run() knows it
         self._echo = echo or (lambda line: log.info("%s", line))
         self.processes: list[_Process] = []
         self._lock = threading.Lock()
@@ -172,6 +173,7 @@ class LocalLauncher:
 
     def run(self, job_path: str, progress_dir: str) -> LaunchReport:
         report = LaunchReport()
+        self._progress_dir = progress_dir
         started = time.perf_counter()
         with sigterm_raises("the local training cluster"):
             try:
@@ -188,6 +190,7 @@ class LocalLauncher:
                                           hint="the backup is kept: a retry of this task resumes from it")
                     report.restarts += 1
                     log.warning("restarting the cluster (%d/%d) after: %s", report.restarts, self.max_restarts, failure)
+                    record_restart(progress_dir, report.restarts, failure)
                     self._watch_recovery(report, before, failed_at, progress_dir)
                 report.seconds = time.perf_counter() - started
                 return report
@@ -264,6 +267,8 @@ class LocalLauncher:
         report.restarted_in_place.append(proc.name)
         log.warning("restarting %s alone (%d/%d); the coordinator goes on with the other workers. It %s",
                     proc.name, report.restarts, self.max_restarts, reason.split(" ", 1)[1])
+        if self._progress_dir:
+            record_restart(self._progress_dir, report.restarts, reason, alone=proc.name)
         noticed = time.perf_counter()
         proc.kill()
         with self._lock:

@@ -1,0 +1,59 @@
+"""The Trainer's live state, where a launcher and the Airflow UI read it while training runs.
+
+The chief rewrites `progress.json` (steps, epochs, ETA, the loss so far, each finished epoch's metrics) under the
+model's run-scoped working directory, `<model>.work/progress/`; a launcher that restarts a process appends to
+`restarts.json` beside it. Nothing here imports TensorFlow: the Airflow api-server reads these files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from hpml.components import files
+
+PROGRESS_DIR = "progress"
+PROGRESS_FILE = "progress.json"
+RESTARTS_FILE = "restarts.json"
+
+
+def working_dir_for(model_uri: str) -> str:
+    """A stable, run-scoped working dir: BackupAndRestore's backups survive task retries here."""
+    return files.absolute(model_uri) + ".work"
+
+
+def progress_dir(working_dir: str) -> str:
+    return os.path.join(working_dir, PROGRESS_DIR)
+
+
+def write_json(path: str, state) -> None:
+    """Replaces the file whole: a reader never sees half of it (an object store's objects appear whole)."""
+    if files.is_url(path):
+        files.write_text(path, json.dumps(state))
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(state, handle)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str):
+    try:
+        return json.loads(files.read_text(path))
+    except (OSError, ValueError):
+        return None
+
+
+def read_progress(directory: str) -> dict | None:
+    return _read_json(os.path.join(directory, PROGRESS_FILE))
+
+
+def read_restarts(directory: str) -> list[dict]:
+    return _read_json(os.path.join(directory, RESTARTS_FILE)) or []
+
+
+def record_restart(directory: str, restarts: int, reason: str, alone: str | None = None) -> None:
+    """One more restart of the cluster (or of the process `alone`), with the failure that caused it."""
+    files.makedirs(directory)
+    entry = {"time": time.time(), "restarts": restarts, "reason": reason[:500], "process": alone}
+    write_json(os.path.join(directory, RESTARTS_FILE), [*read_restarts(directory), entry])
