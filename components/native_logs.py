@@ -21,6 +21,18 @@ STARTUP_NOISE = re.compile(
     r"To enable the following instructions|TF-TRT Warning|port\.cc:\d+\] oneDNN")
 
 
+# Libraries whose info lines (absl's "Feature x has a shape" for every feature, TensorFlow's "Assets written to")
+# bury hpml's own; hpml shows their warnings and errors only, unless --verbose.
+CHATTY_LOGGERS = ("absl", "tensorflow", "apache_beam", "alembic", "mlflow", "urllib3", "h5py", "matplotlib")
+
+
+def quiet_libraries() -> None:
+    import logging
+
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 # Set to "1" by `hpml --verbose`, so that processes it starts (a cluster's workers) keep the lines too.
 VERBOSE_ENV = "HPML_VERBOSE"
 

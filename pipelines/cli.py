@@ -12,7 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from hpml.components import files  # noqa: E402
 from hpml.components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
-from hpml.components.native_logs import VERBOSE_ENV, start_tensorflow  # noqa: E402
+from hpml.components.native_logs import VERBOSE_ENV, quiet_libraries, start_tensorflow  # noqa: E402
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
@@ -33,9 +33,8 @@ def _setup_logging(debug: bool, verbose: bool) -> None:
     if verbose and not debug:
         logging.getLogger("hpml").setLevel(logging.DEBUG)
     if not (verbose or debug):
-        for noisy in ("absl", "tensorflow", "apache_beam", "alembic", "mlflow", "urllib3", "h5py", "airflow",
-                      "matplotlib"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+        quiet_libraries()
+        logging.getLogger("airflow").setLevel(logging.WARNING)
         # MLflow configures its own logger when first imported, from this.
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
         # Airflow logs through structlog, which stdlib levels do not reach; its own setting does. A failed task's

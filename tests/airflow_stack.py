@@ -12,12 +12,15 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 USERNAME, PASSWORD = "admin", "hpml-browser-test"
+# A viewer whom the stack's auth manager (tests/restricted_auth_manager.py) denies the penguin DAG.
+OUTSIDER, OUTSIDER_PASSWORD = "outsider", "hpml-outsider-test"
 
 
 def _free_port() -> int:
@@ -34,7 +37,7 @@ class AirflowStack:
         self.processes: list[subprocess.Popen] = []
         passwords = self.home / "passwords.json"
         self.home.mkdir(parents=True, exist_ok=True)
-        passwords.write_text(json.dumps({USERNAME: PASSWORD}))
+        passwords.write_text(json.dumps({USERNAME: PASSWORD, OUTSIDER: OUTSIDER_PASSWORD}))
         self.env = dict(
             os.environ,
             AIRFLOW_HOME=str(self.home),
@@ -44,7 +47,10 @@ class AirflowStack:
             AIRFLOW__CORE__EXECUTOR="LocalExecutor",
             AIRFLOW__CORE__PARALLELISM="2",
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
-            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USERNAME}:admin",
+            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USERNAME}:admin,{OUTSIDER}:viewer",
+            AIRFLOW__CORE__AUTH_MANAGER="restricted_auth_manager.RestrictedAuthManager",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                     os.environ.get("PYTHONPATH")])),
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(passwords),
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{self.url}/execution/",
             AIRFLOW__API__BASE_URL=self.url,
@@ -59,7 +65,7 @@ class AirflowStack:
             AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT="150",
             AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD="300",
             AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
-            AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
+            AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",  # the default: task logs as a deployment's users read them
             HPML_PROGRESS="plain",
         )
         self.env.update(extra_env or {})  # may override any of the above (the executor, the database)
@@ -106,9 +112,9 @@ class AirflowStack:
                 raise RuntimeError(f"{' '.join(process.args[1:2])} exited with {process.returncode}; "
                                    f"logs in {self.logs}")
 
-    def token(self) -> str:
+    def token(self, username: str = USERNAME, password: str = PASSWORD) -> str:
         request = urllib.request.Request(f"{self.url}/auth/token", method="POST",
-                                         data=json.dumps({"username": USERNAME, "password": PASSWORD}).encode(),
+                                         data=json.dumps({"username": username, "password": password}).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())["access_token"]
@@ -121,9 +127,32 @@ class AirflowStack:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
+    def get(self, path: str, token: str | None = None, cookie: str | None = None) -> tuple[int, bytes]:
+        """(HTTP status, body) of a GET of any path on the api-server, with a bearer token, the UI's session cookie
+        (`_token`) or neither: how the tests reach a plugin's endpoints as a browser or a script would."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if cookie:
+            headers["Cookie"] = f"_token={cookie}"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{self.url}{path}", headers=headers),
+                                        timeout=60) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
         found = self.api(f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances")
         return {t["task_id"]: t["state"] for t in found["task_instances"]}
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> list[str]:
+        """A task's log as the UI shows it, one line per event, from the REST API."""
+        found = self.api(f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/{task_id}/"
+                         f"logs/{try_number}?full_content=true")
+        content = found["content"]
+        if isinstance(content, str):
+            return content.splitlines()
+        return [" ".join(str(part) for part in (event.get("logger", ""), event.get("event", "")) if part)
+                for event in content]
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float) -> dict:
         """Until the run succeeded or failed; returns it."""

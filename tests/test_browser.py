@@ -3,6 +3,7 @@
 A real Airflow (api-server, scheduler, dag-processor, LocalExecutor, SQLite) on loopback, driven
 by Playwright in Debian's chromium. Screenshots land in test-artifacts/browser/.
 """
+import json
 import os
 import shutil
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_stack import PASSWORD, USERNAME
+from airflow_stack import OUTSIDER, OUTSIDER_PASSWORD, PASSWORD, USERNAME
 
 CHROMIUM = "/usr/bin/chromium"
 # The UI is at an IP literal. Even with background networking, component updates and sync off, Chromium looked up
@@ -106,6 +107,15 @@ def test_form_trigger_runs_the_pipeline_with_exactly_those_values(page, stack):
     assert summary.tags["hpml.strategy"] == "mirrored"
     assert len(records.history(mlflow_run_id, "loss")) == 2
 
+    # The Trainer's log, as the UI shows it: hpml's own lines, and none of TensorFlow's native start-up lines (an
+    # error-level "failed call to cuInit" on every CPU machine).
+    log = stack.task_log("penguin", run_id, "Trainer")
+    ours = [line for line in log if not line.startswith(("::", "/", "task ", "airflow."))]  # after Airflow's own
+    assert ours and ours[0] == "hpml.runner Trainer: starting", log
+    assert not [line for line in ours if line.startswith(("absl ", "tensorflow "))], "libraries' info lines"
+    for noise in ("cuInit", "E0000 ", "cudart_stub", "absl::InitializeLog", "cpu_feature_guard"):
+        assert not [line for line in log if noise in line], (noise, log)
+
 
 def test_form_refuses_invalid_values(page, stack):
     dialog = _open_trigger_form(page, stack)
@@ -129,3 +139,102 @@ def test_form_refuses_invalid_values(page, stack):
     message.wait_for()
     page.screenshot(path=SHOTS / "04-refused-value.png", full_page=True)
 
+
+
+@pytest.fixture(scope="module")
+def training_run(page, stack):
+    """A penguin run triggered from the form with enough epochs that its Trainer trains for a while."""
+    dialog = _open_trigger_form(page, stack)
+    dialog.locator("input[name=element_epochs]").fill("150")
+    dialog.locator("input[name=element_batch_size]").fill("4")
+    return _trigger(page, dialog)
+
+
+def _wait_for_task(stack, run_id: str, task_id: str, state: str, timeout: float = RUN_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = stack.task_states("penguin", run_id)
+        if states.get(task_id) == state:
+            return
+        assert "failed" not in states.values(), states
+        time.sleep(0.5)
+    raise TimeoutError(f"{task_id} of {run_id} never {state}: {stack.task_states('penguin', run_id)}")
+
+
+def _step(view) -> int:
+    return int(view.locator('[data-fact="step"]').inner_text().split("/")[0])
+
+
+def test_the_report_view_shows_training_advance_then_the_finished_report(page, stack, training_run):
+    """The run's Report tab, as a user opens it from the run's page: while the Trainer runs, its step, epoch and
+    ETA redraw without a reload; once the run finishes, the tab shows the run's report."""
+    run_id = training_run
+    _wait_for_task(stack, run_id, "Trainer", "running")
+    page.goto(f"{stack.url}/dags/penguin/runs/{urllib.parse.quote(run_id, safe='')}")
+    page.get_by_role("link", name="Report", exact=True).click()  # the plugin's tab on the run's page
+    view = page.frame_locator("iframe").first
+    view.locator('[data-fact="step"]').wait_for()
+    first = _step(view)
+    assert view.locator('tr[data-node="Trainer"] td').nth(1).inner_text() == "running"
+    deadline = time.monotonic() + 120
+    while _step(view) <= first and time.monotonic() < deadline:
+        time.sleep(0.5)
+    later = _step(view)
+    assert later > first, "the step redraws while the Trainer trains"
+    epoch = view.locator('[data-fact="epoch"]').inner_text()
+    assert epoch.endswith("/150") and int(epoch.split("/")[0]) >= 1, epoch
+    assert view.locator('[data-fact="ETA"]').inner_text() not in ("", "measuring")
+    view.locator('svg[aria-label="loss per step"]').wait_for()
+    view.locator('svg[aria-label="loss per epoch"]').wait_for()
+    assert "tensorboard --logdir" in view.locator("#links").inner_text()
+    page.screenshot(path=SHOTS / "05-report-view-training.png")
+
+    run = stack.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
+    assert run["state"] == "success", stack.task_states("penguin", run_id)
+    report = view.frame_locator("#report-frame")
+    report.get_by_role("heading", name="Per class").wait_for()
+    for heading in ("Evaluation", "Strategy plan: one_device"):
+        assert report.get_by_role("heading", name=heading).first.is_visible(), heading
+    assert report.locator('img[alt="confusion matrix"]').is_visible()
+    assert view.locator('[data-status="FINISHED"]').is_visible()
+    page.screenshot(path=SHOTS / "06-report-view-finished.png")
+
+
+def test_the_report_views_endpoints_need_a_user_who_may_read_the_dag_and_serve_only_that_runs_report(
+        stack, training_run, tmp_path):
+    run_id = training_run
+    stack.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
+    base = f"/hpml/runs/penguin/{urllib.parse.quote(run_id, safe='')}"
+    admin, outsider = stack.token(), stack.token(OUTSIDER, OUTSIDER_PASSWORD)
+    paths = [f"{base}/", f"{base}/status.json", f"{base}/report/report.html"]
+    for path in paths:
+        assert stack.get(path)[0] == 401, path  # no token, no cookie
+        assert stack.get(path, token="not-a-token")[0] in (401, 403), path
+        assert stack.get(path, token=outsider)[0] == 403, path  # a user whom Airflow denies this DAG
+        status, body = stack.get(path, cookie=admin)  # the UI's session cookie
+        assert status == 200, (path, body[:300])
+    assert stack.get("/api/v2/dags/penguin", token=outsider)[0] == 403, "Airflow itself denies the outsider"
+    status = json.loads(stack.get(f"{base}/status.json", token=admin)[1])
+    assert status["status"] == "FINISHED" and status["report"] is True
+    assert [c["node"] for c in status["components"]] == ["ExampleGen", "Transform", "Trainer"]
+    assert {c["state"] for c in status["components"]} == {"done"}
+
+    # Only files inside this run's report: no climbing out, no absolute paths, no symlinks out.
+    from hpml.pipelines import records
+
+    run_dir = records.load(records.find("airflow.run_id", run_id, "penguin")).tags["hpml.run_dir"]
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the browser")
+    os.symlink(secret, os.path.join(run_dir, "report", "link.txt"))
+    for attempt in ("..%2F..%2F..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd", "../report/report.html", "link.txt",
+                    "..%2Freport%2Freport.html", "%2E%2E/%2E%2E/params.json", "", "nope.png"):
+        status, body = stack.get(f"{base}/report/{attempt}", token=admin)
+        assert status in (404, 400) and b"root:" not in body and b"not for the browser" not in body, (attempt, status)
+    # Another DAG's name in front of this run's id, and a run id this DAG does not have.
+    assert stack.get(f"/hpml/runs/distillation/{urllib.parse.quote(run_id, safe='')}/status.json",
+                     token=admin)[0] == 404
+    assert stack.get("/hpml/runs/penguin/manual__1999-01-01T00%3A00%3A00%2B00%3A00/status.json",
+                     token=admin)[0] == 404
+    # The tab on a run that has no hpml record (a DAG that is not an hpml pipeline) says so, and polls nothing.
+    status, page = stack.get("/hpml/runs/some_other_dag/scheduled__2026-01-01/", token=admin)
+    assert status == 200 and b"has no hpml run record" in page and b"const LIVE = false;" in page

@@ -3,9 +3,11 @@ an MLflow tracking server's runs; the server keeps the artifacts in the object s
 where the DAG runs keep theirs too. Two penguin runs go at once, from the CLI and as DAG runs: both succeed, share
 no directory, and both records are whole on the server.
 """
+import json
 import os
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 import tensorflow as tf
@@ -94,6 +96,18 @@ def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(po
         finished = [stack.wait_for_run("penguin", run_id, timeout=900) for run_id in run_ids]
         assert [run["state"] for run in finished] == ["success", "success"], \
             [stack.task_states("penguin", run_id) for run_id in run_ids]
+        # The Report view's endpoints read the record from the tracking server and the report from gs://.
+        token = stack.token()
+        for run_id in run_ids:
+            base = f"/hpml/runs/penguin/{urllib.parse.quote(run_id, safe='')}"
+            code, body = stack.get(f"{base}/status.json", token=token)
+            status = json.loads(body)
+            assert code == 200 and status["status"] == "FINISHED" and status["report"] is True, body[:500]
+            assert status["mlflow_url"].startswith(f"{tracking_server.url}/#/experiments/"), status["mlflow_url"]
+            assert status["tensorboard"].startswith(f"tensorboard --logdir '{artifact_root}/penguin/")
+            code, page = stack.get(f"{base}/report/report.html", token=token)
+            assert code == 200 and b"<h2>Per class</h2>" in page and b"data:image/png;base64," in page
+            assert stack.get(f"{base}/report/..%2F..%2Fpenguin", token=token)[0] == 404
     finally:
         stack.stop()
     recorded = _check_records(tracking_server, "penguin", [11, 12])

@@ -13,6 +13,7 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from hpml.components.errors import HpmlError, SpecError
+from hpml.components.native_logs import VERBOSE_ENV, quiet_libraries, start_tensorflow
 from hpml.components.trainer.launchers.stopping import Stopped
 from hpml.pipelines import runner
 from hpml.pipelines.dsl import Pipeline
@@ -100,6 +101,13 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
 
             @task(task_id=node.id, outlets=[asset] if produces_model else [], **retries)
             def run_node(context: dict, upstream: dict, node_id: str = node.id, outlet_events=None):
+                # TensorFlow's native start-up lines (an error-level "failed call to cuInit" on every CPU
+                # machine) and the libraries' info lines would bury hpml's own in the task's log, as `hpml run`
+                # keeps them out of the terminal (HPML_VERBOSE=1 keeps them).
+                verbose = os.environ.get(VERBOSE_ENV) == "1"
+                if not verbose:
+                    quiet_libraries()
+                start_tensorflow(verbose=verbose)
                 try:
                     result = runner.execute_node(pipeline, node_id, runner.RunContext(**context), upstream)
                 except Stopped:  # SIGTERM: Airflow decides, as for any task it stops (a worker shutting down)
