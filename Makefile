@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # `make run` keeps its state (artifacts, run records, the local Airflow) in the checkout, not in ~/.local/share.
 export HPML_HOME ?= $(CURDIR)/.hpml
 
-.PHONY: env browser postgres run test test-tfx tfx-requirements bench bench-input bench-e2e bench-scale clean
+.PHONY: env browser postgres run test test-tfx tfx-requirements bench bench-input bench-e2e bench-scale bench-step clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -80,6 +80,7 @@ bench: env
 	$(VENV)/bin/python benchmarks/input_pipeline.py
 	$(VENV)/bin/python benchmarks/input_peers.py
 	$(VENV)/bin/python benchmarks/callbacks.py
+	$(VENV)/bin/python benchmarks/trainer_step.py
 	$(MAKE) --no-print-directory bench-scale
 	$(MAKE) --no-print-directory bench-e2e
 
@@ -101,6 +102,10 @@ bench-scale: env
 	@test -n "$(PYTHON310)" || { echo "bench-scale needs a Python 3.10 for TFX 1.16 (set PYTHON310)" >&2; exit 1; }
 	@$(MAKE) --no-print-directory $(TFX_VENV)/.synced
 	$(VENV)/bin/python benchmarks/scale.py
+
+# The tuned training step against Keras's defaults, Keras's "auto" and an exhaustive grid (about 25 minutes on 2 cores).
+bench-step: env
+	$(VENV)/bin/python benchmarks/trainer_step.py
 
 clean:
 	rm -rf .hpml $(VENV) $(TFX_VENV) $(TOOLS)

@@ -7,9 +7,12 @@ Variants, each run in a process of its own (peak RSS is that process's):
   can do for ExampleGen's work;
 - `examplegen`, `examplegen-2proc`: hpml's ExampleGen on Beam's in-process runner, and on two worker processes;
 - `transform`: hpml's Transform on the in-process ExampleGen's output, with its phases (graph, Beam, tuning);
-- `tfx`: TFX 1.16's chain in .venv-tfx (`make test-tfx` builds it), one process, component times from MLMD.
+- `tfx`: TFX 1.16's chain in .venv-tfx (`make test-tfx` builds it), one process, component times from MLMD;
+- `run`: `hpml run` of the pipeline `hpml init` wrote, end to end (ExampleGen, Transform, one epoch of the Trainer
+  at batch_size 1024), with its wall time, each component's seconds and the peak RSS of its processes.
 
     python benchmarks/scale.py [--rows 100000 1000000 10000000] [--repeats 3] [--tfx-max-rows 1000000] [--add]
+                               [--variants limit examplegen examplegen-2proc transform tfx run]
 
 Sizes above 1M rows run once. Writes benchmarks/results/scale.json, scale.md and scale.png; `--add` keeps the sizes
 already in scale.json and adds these, and `--rerender` writes scale.md and scale.png again from scale.json.
@@ -32,7 +35,7 @@ from _common import RESULTS, machine, median, peak_rss_mib, write_results  # noq
 
 TFX_PYTHON = os.path.join(REPO, ".venv-tfx", "bin", "python")
 _CHILD = "--child"
-VARIANTS = ("limit", "examplegen", "examplegen-2proc", "transform", "tfx")
+VARIANTS = ("limit", "examplegen", "examplegen-2proc", "transform", "tfx", "run")
 TWO_PROCESSES = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
 
@@ -93,6 +96,9 @@ def _child(kind: str, *args: str) -> None:
 
     started = time.perf_counter()
     extra = {}
+    if kind == "run":
+        print(json.dumps(_hpml_run(*args)))
+        return
     if kind == "limit":
         _limit(*args)
     elif kind == "examplegen":
@@ -102,6 +108,28 @@ def _child(kind: str, *args: str) -> None:
     else:
         extra = _transform(*args)
     print(json.dumps({"seconds": time.perf_counter() - started, "peak_rss_mib": peak_rss_mib(), **extra}))
+
+
+def _hpml_run(csv: str, pipeline_dir: str, home: str) -> dict:
+    """`hpml run` end to end in a process of its own; its wall time, components' seconds and peak RSS (of it and
+    any Beam worker processes it waited for)."""
+    import resource
+
+    env = {**os.environ, "HPML_HOME": home, "HPML_DATA_ROOTS": os.path.dirname(csv), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "XDG_CACHE_HOME": os.path.join(home, "cache")}  # the tuned step measured, not reused
+    started = time.perf_counter()
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "hpml"), "run", pipeline_dir,
+                           "--param", "epochs=1", "--param", "batch_size=1024", "--param", f"data_path={csv}"],
+                          env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode:
+        raise RuntimeError(f"hpml run failed:\n{done.stderr[-3000:]}")
+    os.environ.update(HPML_HOME=home)
+    from hpml.pipelines import records
+
+    summary = records.load(records.recent("scale", 1)[0].info.run_id)
+    return {"seconds": seconds, "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+            **{f"{node}_s": value for node, value in summary.durations.items()}}
 
 
 def _run(command: list[str]) -> dict:
@@ -119,17 +147,23 @@ def _module(workdir: str, csv: str) -> str:
     return os.path.join(workdir, "scale", "module.py")
 
 
-def _one_repeat(csv: str, module: str, workdir: str, with_tfx: bool) -> dict:
+def _one_repeat(csv: str, module: str, workdir: str, with_tfx: bool, variants=VARIANTS) -> dict:
     """Every variant once, in turn, so that drift on this noisy machine hits them alike."""
     me = [sys.executable, os.path.abspath(__file__), _CHILD]
     runs = {}
     folders = {kind: tempfile.mkdtemp(dir=workdir) for kind in VARIANTS}
     try:
-        runs["limit"] = _run([*me, "limit", csv, folders["limit"]])
-        runs["examplegen"] = _run([*me, "examplegen", csv, folders["examplegen"]])
-        runs["examplegen-2proc"] = _run([*me, "examplegen-2proc", csv, folders["examplegen-2proc"]])
-        runs["transform"] = _run([*me, "transform", folders["examplegen"], module, folders["transform"]])
-        if with_tfx:
+        for kind in ("limit", "examplegen", "examplegen-2proc"):
+            if kind in variants:
+                runs[kind] = _run([*me, kind, csv, folders[kind]])
+        if "transform" in variants:
+            if "examplegen" not in runs:
+                _run([*me, "examplegen", csv, folders["examplegen"]])
+            runs["transform"] = _run([*me, "transform", folders["examplegen"], module, folders["transform"]])
+        if "run" in variants:
+            pipeline = os.path.join(os.path.dirname(module), "pipeline.py")
+            runs["run"] = _run([*me, "run", csv, pipeline, folders["run"]])
+        if with_tfx and "tfx" in variants:
             tfx = _run([TFX_PYTHON, "-W", "ignore", os.path.join(HERE, "tfx_scale.py"), csv, module, folders["tfx"]])
             tfx["components"]["ExampleGen"] = tfx["components"].pop("CsvExampleGen")
             runs["tfx"] = {"seconds": sum(tfx["components"].values()), "peak_rss_mib": tfx["peak_rss_mib"],
@@ -148,6 +182,7 @@ def main() -> None:
                         help="run TFX up to this size (its chain takes about an hour at 10M rows here)")
     parser.add_argument("--workdir", default=None, help="where the CSVs are generated (kept) and outputs written")
     parser.add_argument("--note", default="", help="a line on how this run was made, printed in the results")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--add", action="store_true",
                         help="add these sizes to the committed results (scale.json) instead of starting afresh")
     args = parser.parse_args()
@@ -167,8 +202,11 @@ def main() -> None:
             write_csv(csv, rows)
         module = module or _module(workdir, csv)
         repeats = args.repeats if rows <= 1_000_000 else 1
-        runs = [_one_repeat(csv, module, workdir, rows <= args.tfx_max_rows) for _ in range(repeats)]
-        size = {"csv_bytes": os.path.getsize(csv), "repeats": repeats, "date": machine()["date"]}
+        runs = [_one_repeat(csv, module, workdir, rows <= args.tfx_max_rows, args.variants) for _ in range(repeats)]
+        size = results["sizes"].get(str(rows), {}) if args.add else {}
+        size.update({"csv_bytes": os.path.getsize(csv), "date": machine()["date"]})
+        if set(args.variants) - {"run"}:
+            size["repeats"] = repeats
         for kind in VARIANTS:
             if kind in runs[0]:
                 size[kind] = {key: median([run[kind][key] for run in runs]) for key in runs[0][kind]}
@@ -217,7 +255,7 @@ def render(data: dict) -> str:
     steps = []
     for (small_rows, small), (large_rows, large) in zip(sizes, sizes[1:]):
         growth = ", ".join(f"{kind} {large[kind]['peak_rss_mib'] / small[kind]['peak_rss_mib']:.2f}x"
-                           for kind in ("examplegen", "transform", "tfx") if kind in small and kind in large)
+                           for kind in ("examplegen", "transform", "run", "tfx") if kind in small and kind in large)
         steps.append(f"from {int(small_rows):,} to {int(large_rows):,} rows: {growth}")
     if steps:
         lines += ["", f"Peak RSS {'; '.join(steps)}. The 2-process ExampleGen's RSS is its driver's; Beam's worker "
@@ -239,6 +277,10 @@ def _detail(kind: str, size: dict) -> str:
         return f"{stats['seconds'] / size['limit']['seconds']:.2f}x the one-core limit"
     if kind == "transform":
         return f"graph {stats['graph_s']:.1f} s, Beam {stats['beam_s']:.1f} s, tuning {stats['tuning_s']:.1f} s"
+    if kind == "run":
+        return "`hpml run`, 1 epoch, one run: " + ", ".join(
+            f"{name} {stats[f'{name}_s']:.1f} s" for name in ("ExampleGen", "Transform", "Trainer")
+            if f"{name}_s" in stats) + "; RSS of all its processes"
     if kind == "tfx":
         return ", ".join(f"{name} {stats[f'{name}_s']:.1f} s" for name in
                          ("ExampleGen", "StatisticsGen", "SchemaGen", "Transform") if f"{name}_s" in stats)

@@ -258,7 +258,8 @@ def cmd_report(args) -> int:
     return 0
 
 
-BENCHMARKS = ("distributed", "gpipe", "distillation", "input_pipeline", "input_peers", "callbacks", "end_to_end")
+BENCHMARKS = ("distributed", "gpipe", "distillation", "input_pipeline", "input_peers", "callbacks", "trainer_step",
+              "end_to_end")
 
 
 def cmd_bench(args) -> int:

@@ -92,8 +92,8 @@ def start(pipeline_name: str, run_id: str, params: Mapping[str, Any], tags: Mapp
 
 # Files small enough to copy into the MLflow run beside the artifact URIs.
 SMALL_ARTIFACTS = ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "classification.json", "plan.json",
-                   "gpipe.json", "input_pipeline.json", "input_stall.json", "stages.json", "stages.png",
-                   "soft_targets.json", "results.json", "results.md")
+                   "gpipe.json", "input_pipeline.json", "input_stall.json", "tuned_step.json", "stages.json",
+                   "stages.png", "soft_targets.json", "results.json", "results.md")
 
 
 def _finite(value) -> bool:
@@ -151,6 +151,10 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
         metrics += [Metric("input_stall_fraction", stall["stall_fraction"], now, 0),
                     Metric("input_step_seconds", stall["real_step_s"], now, 0),
                     Metric("in_memory_step_seconds", stall["in_memory_step_s"], now, 0)]
+    step = properties.get("tuned_step")
+    if step:
+        tags += [RunTag(f"hpml.step.{knob}", str(value)) for knob, value in step["choice"].items()]
+        metrics.append(Metric("step_tuning_seconds", step["seconds"], now, 0))
     if "skipped_shards" in properties:
         metrics.append(Metric("skipped_shards", len(properties["skipped_shards"]), now, 0))
     pipeline = properties.get("input_pipeline")

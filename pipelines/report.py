@@ -19,6 +19,7 @@ import tempfile
 from hpml.components import artifacts, files
 from hpml.components.errors import HpmlError
 from hpml.components.input_pipeline.stall import describe_stall
+from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
 from hpml.pipelines import records
 
 REPORT_DIR = "report"
@@ -168,6 +169,7 @@ def collect(mlflow_run_id: str) -> dict:
         "model_run_dir": run_dir,
         "experiment_id": run.info.experiment_id, "tracking_uri": records.tracking_uri(),
         "input_stall": _read_json(os.path.join(run_dir, "input_stall.json")) if run_dir else None,
+        "tuned_step": _read_json(os.path.join(run_dir, TUNED_STEP_FILE)) if run_dir else None,
         "input_stages": _read_json(os.path.join(pipeline_dir, "stages.json")) if pipeline_dir else None,
         "input_stages_png": os.path.join(pipeline_dir, "stages.png") if pipeline_dir else None,
         "input_decisions": _input_decisions(summary, pipeline_dir),
@@ -267,6 +269,20 @@ def _input_pipeline_section(data: dict, pngs: dict[str, str]) -> list[str]:
     return ["<h2>Input pipeline</h2>", *parts] if parts else []
 
 
+def _step_section(step: dict | None) -> list[str]:
+    """The tuned training step: each knob, why, and what measuring cost."""
+    if not step:
+        return []
+    choice = step["choice"]
+    how = ("reused: measured by an earlier run of this model on this data and device" if step.get("reused")
+           else f"measured in {step['seconds']:.1f} s")
+    rows = [(knob, str(choice[knob]), step["reasons"].get(knob, "")) for knob in choice]
+    measured = [(m["steps_per_execution"], "on" if m["jit_compile"] else "off", m["precision"],
+                 f"{m['examples_per_s']:,.0f}") for m in step.get("measured", [])]
+    return ["<h2>Training step</h2>", f"<p>{html.escape(how)}.</p>", _table(rows, ("knob", "value", "why")),
+            *([_table(measured, ("steps_per_execution", "XLA", "precision", "examples/s"))] if measured else [])]
+
+
 def render(data: dict, pngs: dict[str, str]) -> str:
     """The HTML page; `pngs` maps each plot's name to its file."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>hpml run {html.escape(data['run_name'])}"
@@ -299,6 +315,7 @@ def render(data: dict, pngs: dict[str, str]) -> str:
         plan = data["plan"]
         reasons = "".join(f"<li>{html.escape(r)}</li>" for r in plan.get("reasons", []))
         parts.append(f"<h2>Strategy plan: {html.escape(plan.get('strategy', '?'))}</h2><ul>{reasons}</ul>")
+    parts += _step_section(data["tuned_step"])
     if data["evaluation"]:
         ev = data["evaluation"]
         parts.append(f"<h2>Models on the {html.escape(ev['split'])} split ({ev['examples']} examples)</h2>" + _table(

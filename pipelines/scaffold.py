@@ -256,7 +256,8 @@ folder that holds @NAME@/, and @NAME@/dag.py is its Airflow DAG.
 """
 from pathlib import Path
 
-from hpml.v1 import EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipeline, training_params_schema
+from hpml.v1 import (EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipeline, step_hyperparameters,
+                     training_params_schema)
 
 MODULE = str(Path(__file__).with_name("module.py"))  # preprocessing_fn and run_fn
 DATA = @DATA@
@@ -300,7 +301,7 @@ PIPELINE = Pipeline(
                 "hyperparameters": {
                     "epochs": p["epochs"], "batch_size": p["batch_size"], "learning_rate": p["learning_rate"],
                     "gradient_accumulation_steps": p["gradient_accumulation_steps"], "remat": p["remat"],
-                    "seed": p["seed"],
+                    "seed": p["seed"], **step_hyperparameters(p),
                 },
                 "launcher": p["launcher"],
                 "cluster": p.get("cluster", {}),
@@ -397,10 +398,12 @@ def _head(tf_transform_output, label_stats=None):
     import tf_keras
 
     if TASK == "classification":
-        return (tf_keras.layers.Dense(_label_classes(tf_transform_output), activation="softmax"),
+        # float32 outputs whatever the policy: a mixed-precision model keeps its loss in full precision
+        return (tf_keras.layers.Dense(_label_classes(tf_transform_output), activation="softmax", dtype="float32"),
                 "sparse_categorical_crossentropy", ["accuracy"])
     mean, std = label_stats or (0.0, 1.0)
-    head = tf_keras.Sequential([tf_keras.layers.Dense(1), tf_keras.layers.Rescaling(std, offset=mean)], name="head")
+    head = tf_keras.Sequential([tf_keras.layers.Dense(1, dtype="float32"),
+                                tf_keras.layers.Rescaling(std, offset=mean, dtype="float32")], name="head")
     return head, "mse", ["mae"]
 
 
@@ -507,7 +510,7 @@ def run_fn(fn_args):
 
     from hpml.v1 import (CoordinatorValidation, epoch_size, export_serving_model, make_strategy, record_input_stall,
                          record_pipeline_schedule, resume_training_data, standard_callbacks,
-                         write_classification_report, write_eval_metrics)
+                         tune_training_step, write_classification_report, write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -549,6 +552,19 @@ def run_fn(fn_args):
         train = resume_training_data(  # a resumed run reads on from where its backup was taken
             _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None),
             fn_args)
+
+        def rebuild():  # the same model, built again (under a mixed-precision policy, if the tuner measures one)
+            with strategy.scope():
+                return build_model(tf_transform_output, hp["learning_rate"], accumulation, stats)
+
+        # steps_per_execution, XLA and precision, measured for this model on this machine (or pinned in hp), on a
+        # twin of the training data: reading `train` itself would move its shuffle order on
+        twin = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
+        model = tune_training_step(model, twin, fn_args, hp, strategy_name=strategy_name, steps_per_epoch=steps,
+                                   epochs=hp["epochs"], batch_size=hp["batch_size"], rebuild=rebuild,
+                                   save_freq=config.get("backup_save_freq", "epoch"))
+        if eval_steps is None:  # several steps per call need the number of steps up front, validation's too
+            eval_steps = epoch_size(evaluation)[0]
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
                   validation_steps=eval_steps, callbacks=callbacks, verbose=0)
         if strategy_name != "multi_worker_mirrored":  # workers would have to time their steps in lockstep

@@ -18,6 +18,14 @@ from hpml.components.trainer.strategies import CLUSTER_STRATEGIES, STRATEGIES
 REMAT_DEFAULT = "except_last"  # what gpipe does unless told; any other value without gpipe is refused
 
 
+def step_hyperparameters(params: Mapping[str, Any]) -> dict:
+    """The tuned step's pins as the Trainer's hyperparameters: None where the parameter asks for measuring."""
+    spe, xla, precision = (params.get("steps_per_execution", 0), params.get("xla", "auto"),
+                           params.get("precision", "auto"))
+    return {"steps_per_execution": spe or None, "jit_compile": {"on": True, "off": False}.get(xla),
+            "precision": None if precision == "auto" else precision}
+
+
 def training_params_schema(default_data_path: str) -> dict:
     """JSON schema (draft 7) of the parameters a training pipeline usually exposes: data, epochs, batch size,
     strategy, launcher and the rest. Extend or trim its "properties" for your pipeline."""
@@ -81,6 +89,24 @@ def training_params_schema(default_data_path: str) -> dict:
                 "title": "Gradient accumulation steps",
                 "description": "Split each batch into this many micro-batches and apply one summed update. At "
                                "most batch_size; strategy gpipe makes its own micro-batches, so leave it at 1 there.",
+            },
+            "steps_per_execution": {
+                "type": "integer", "minimum": 0, "maximum": 1024, "default": 0,
+                "title": "Steps per execution",
+                "description": "Training steps per tf.function call; 0: measured for this model on this machine "
+                               "(the tuned step), and kept for the next run of the same model, data and device.",
+            },
+            "xla": {
+                "type": "string", "enum": ["auto", "on", "off"], "default": "auto",
+                "title": "XLA", "description": "Compile the training step with XLA; auto: where measuring shows it "
+                                               "is faster, within the tuned step's budget.",
+            },
+            "precision": {
+                "type": "string", "enum": ["auto", "float32", "mixed_bfloat16", "mixed_float16"], "default": "auto",
+                "title": "Precision",
+                "description": "Keras mixed-precision policy; auto: measured where the device has a fast path "
+                               "(bfloat16 on TPUs and CPUs with AVX512_BF16 or AMX, float16 on GPUs with tensor "
+                               "cores), kept only within 2% of float32's loss.",
             },
             "seed": {
                 "type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1, "default": 42,

@@ -24,6 +24,7 @@ if "conftest" in sys.modules and "tests.conftest" in sys.modules:
 _SESSION_HOME = tempfile.mkdtemp(prefix="hpml-test-")
 os.environ["HPML_HOME"] = _SESSION_HOME
 os.environ["AIRFLOW_HOME"] = os.path.join(_SESSION_HOME, "airflow")
+os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION_HOME, "cache")  # tuned steps: measured afresh each session
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("HPML_ARTIFACT_ROOT", None)
 os.environ["HPML_DATA_ROOTS"] = tempfile.gettempdir()

@@ -28,7 +28,8 @@ def test_dagbag_imports_the_penguin_dag(airflow_db):
     assert [a.name for a in outlets] == ["penguin.model"]
     form = dag.params.dump()
     assert set(form) == {"data_path", "epochs", "batch_size", "learning_rate", "strategy", "skip_bad_rows", "encoding",
-                         "num_workers", "num_ps", "gradient_accumulation_steps", "launcher", "remat", "seed"}
+                         "num_workers", "num_ps", "gradient_accumulation_steps", "launcher", "remat", "seed",
+                         "steps_per_execution", "xla", "precision"}
     schemas = {name: dag.params.get_param(name).schema for name in form}
     assert all(s["title"] for s in schemas.values()), "every field has a title"
     assert all(dag.params.get_param(name).description for name in form), "and a description"

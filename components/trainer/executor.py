@@ -19,6 +19,7 @@ from hpml.components.input_pipeline.stall import STALL_FILE
 from hpml.components.trainer.fn_args import FnArgs, input_pipeline_data_accessor, tfxio_data_accessor
 from hpml.components.trainer.launchers import remote
 from hpml.components.trainer.progress_state import progress_dir, working_dir_for
+from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
 from hpml.components.trainer.strategies import CLUSTER_STRATEGIES
 from hpml.components.user_module import load_function
 
@@ -131,9 +132,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         eval_metrics = _read_json(os.path.join(run_dir, artifacts.EVAL_METRICS_FILE)) or {}
         gpipe = _read_json(os.path.join(run_dir, artifacts.GPIPE_RECORD_FILE))
         input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
+        tuned_step = _read_json(os.path.join(run_dir, TUNED_STEP_FILE))
     files.rmtree(working_dir)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
-            "launch": launch, "input_stall": input_stall,
+            "launch": launch, "input_stall": input_stall, "tuned_step": tuned_step,
             "skipped_shards": sorted(skipped_shards),
             "distillation": distillation.to_dict() if distillation else None}
 

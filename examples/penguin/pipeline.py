@@ -7,7 +7,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from hpml.v1 import EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipeline, SpecError, training_params_schema
+from hpml.v1 import (EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipeline, SpecError, step_hyperparameters,
+                     training_params_schema)
 
 MODULE = "hpml.examples.penguin.module"  # or the path of module.py, as TFX takes a module_file
 LABEL = "species"
@@ -62,7 +63,7 @@ PIPELINE = Pipeline(
                 "hyperparameters": {
                     "epochs": p["epochs"], "batch_size": p["batch_size"], "learning_rate": p["learning_rate"],
                     "gradient_accumulation_steps": p["gradient_accumulation_steps"], "remat": p["remat"],
-                    "seed": p["seed"],
+                    "seed": p["seed"], **step_hyperparameters(p),
                 },
                 "launcher": p["launcher"],
                 "cluster": p.get("cluster", {}),

@@ -1,0 +1,162 @@
+"""The training step, tuned by hpml against Keras's defaults, Keras's own steps_per_execution="auto", and the best
+point of an exhaustive grid over the same knobs, side by side in one run (medians of N).
+
+Three models, each trained on 200k rows x 16 floats in memory, batch 256:
+- penguin-size: the MLP `hpml init` writes (hidden 16-8), here on 16 float inputs, 2 classes;
+- B3's consumer: the input-pipeline benchmark's MLP 16-256-256-2;
+- wide: an MLP 16-1024-1024-2.
+
+Variants, each a fresh model (same seed) timed over a fixed number of steps after one untimed call, interleaved
+repeat by repeat: `keras default` (one step per call, no XLA, float32), `keras auto` (tf_keras's steps_per_execution tuner),
+`hpml tuned` (tune_step, measured afresh each repeat; its measuring time is reported beside it), and every grid
+point: steps_per_execution 1..64 x XLA off/on x float32/mixed_bfloat16 (where the CPU has bfloat16 instructions).
+
+The cost of measuring is also taken where it is judged: `hpml run penguin` with 10 epochs (the Trainer's duration
+and its `step_tuning_seconds`, with an empty tuned-step cache).
+
+    python benchmarks/trainer_step.py [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
+
+from benchmarks._common import machine, median, write_results  # noqa: E402
+from hpml.components.trainer import step_tuning  # noqa: E402
+
+ROWS, FEATURES, BATCH = 200_000, 16, 256
+MODELS = {  # name: (hidden widths, steps timed: a second or so of training each)
+    "penguin-size MLP (16-8)": ((16, 8), 640), "B3 consumer MLP (256-256)": ((256, 256), 320),
+    "wide MLP (1024-1024)": ((1024, 1024), 64)}
+SPE = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _data():
+    x = np.random.default_rng(0).normal(size=(ROWS, FEATURES)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int64")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True).cache().repeat()
+
+
+def _model(hidden, steps_per_execution=1, jit_compile=False, precision="float32"):
+    tf_keras.utils.set_random_seed(7)
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(precision)
+    try:
+        layers = [tf_keras.Input((FEATURES,))] + [tf_keras.layers.Dense(w, activation="relu") for w in hidden]
+        model = tf_keras.Sequential(layers + [tf_keras.layers.Dense(2, activation="softmax", dtype="float32")])
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+    model.compile(tf_keras.optimizers.Adam(0.001), "sparse_categorical_crossentropy", ["accuracy"],
+                  steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+    return model
+
+
+def _throughput(model, data, steps: int) -> float:
+    """Examples/s of `fit` over `steps` steps, after an untimed fit of one call (tracing, compiling)."""
+    model.fit(data, epochs=1, steps_per_epoch=model._steps_per_execution.numpy().item(), verbose=0)
+    started = time.perf_counter()
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+    return steps * BATCH / (time.perf_counter() - started)
+
+
+def _grid(device) -> list[tuple[int, bool, str]]:
+    precisions = ["float32"] + step_tuning.candidate_precisions(device)[0]
+    return [(spe, jit, precision) for precision in precisions for jit in (False, True) for spe in SPE]
+
+
+def _one_repeat(data, device) -> dict:
+    runs = {}
+    for name, (hidden, steps) in MODELS.items():
+        row = {"keras default": _throughput(_model(hidden), data, steps),
+               "keras auto": _throughput(_model(hidden, steps_per_execution="auto"), data, steps)}
+        model = _model(hidden)
+        model, tuning = step_tuning.tune_step(model, data, batch_size=BATCH, total_steps=10 * ROWS // BATCH,
+                                              rebuild=lambda hidden=hidden: _model(hidden), device=device)
+        row["hpml tuned"] = _throughput(model, data, steps)
+        row["hpml tuning s"] = tuning.seconds
+        row["hpml choice"] = tuning.choice.describe()
+        for spe, jit, precision in _grid(device):
+            row[f"grid {spe} {'xla' if jit else 'noxla'} {precision}"] = _throughput(
+                _model(hidden, spe, jit, precision), data, steps)
+        runs[name] = row
+        tf_keras.backend.clear_session()
+    return runs
+
+
+def _penguin_tuning_cost(tmp: str) -> dict:
+    """`hpml run penguin`, 10 epochs, with an empty tuned-step cache: the Trainer's seconds and the tuner's."""
+    env = {**os.environ, "HPML_HOME": os.path.join(tmp, "home"), "XDG_CACHE_HOME": os.path.join(tmp, "cache")}
+    hpml = os.path.join(os.path.dirname(sys.executable), "hpml")
+    done = subprocess.run([hpml, "run", "penguin", "--param", "epochs=10"], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    code = ("from hpml.pipelines import records; s = records.load(records.recent('penguin', 1)[0].info.run_id); "
+            "import json; m = records.client().get_run(s.mlflow_run_id).data.metrics; "
+            "print(json.dumps({'trainer_s': s.durations['Trainer'], 'tuning_s': m['step_tuning_seconds']}))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    device = step_tuning.this_device()
+    data = _data()
+    runs = [_one_repeat(data, device) for _ in range(args.repeats)]
+    results = {"machine": machine(), "device": device.describe(), "repeats": args.repeats, "models": {}}
+    for name in MODELS:
+        keys = [k for k in runs[0][name] if k != "hpml choice"]
+        stats = {k: median([run[name][k] for run in runs]) for k in keys}
+        grid = {k: v for k, v in stats.items() if k.startswith("grid ")}
+        best = max(grid, key=grid.get)
+        results["models"][name] = {**stats, "grid best": best, "hpml choices": [run[name]["hpml choice"]
+                                                                                for run in runs]}
+    with tempfile.TemporaryDirectory() as tmp:
+        results["penguin"] = [_penguin_tuning_cost(tmp + str(i)) for i in range(min(args.repeats, 3))]
+    write_results("trainer_step", results, render(results))
+
+
+def render(data: dict) -> str:
+    m = data["machine"]
+    lines = ["# The tuned training step", "",
+             f"Machine: {m['cpus']} cores, {m['platform']}, Python {m['python']}, {m['date']}; device: "
+             f"{data['device']}. Medians of {data['repeats']} repeats, every variant a fresh model trained on the same "
+             f"200k x 16 in-memory rows (batch {BATCH}), timed over the same steps after one untimed call.", "",
+             "| model | Keras default ex/s | Keras auto | hpml tuned | grid best | tuned / grid best | tuned / default "
+             "| hpml's choices | measuring s |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, s in data["models"].items():
+        best = s[s["grid best"]]
+        choices = sorted(set(s["hpml choices"]))
+        lines.append(f"| {name} | {s['keras default']:,.0f} | {s['keras auto']:,.0f} | {s['hpml tuned']:,.0f} | "
+                     f"{best:,.0f} ({s['grid best'][5:]}) | {s['hpml tuned'] / best:.2f}x | "
+                     f"{s['hpml tuned'] / s['keras default']:.2f}x | {'; '.join(choices)} | "
+                     f"{s['hpml tuning s']:.1f} |")
+    penguin = data.get("penguin") or []
+    if penguin:
+        shares = [p["tuning_s"] / p["trainer_s"] for p in penguin]
+        lines += ["", f"Measuring in `hpml run penguin` (10 epochs, empty cache), {len(penguin)} runs: "
+                      + ", ".join(f"{p['tuning_s']:.2f} s of a {p['trainer_s']:.1f} s Trainer" for p in penguin)
+                      + f"; median share {median(shares):.1%}."]
+    lines += ["", "Grid: examples/s per point (steps_per_execution, XLA, precision).", ""]
+    for name, s in data["models"].items():
+        grid = {k[5:]: v for k, v in s.items() if k.startswith("grid ") and k != "grid best"}
+        lines.append(f"- {name}: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(grid.items(), key=lambda kv: -kv[1])))
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

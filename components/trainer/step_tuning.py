@@ -1,0 +1,403 @@
+"""The training step, tuned for this model on this machine: steps_per_execution, XLA and a mixed-precision policy,
+chosen by measuring short bursts of the real model on the real input pipeline, as Transform tunes tf.data.
+
+`candidate_precisions` and `measure_budget_s` are pure (tested on described devices); `tune_step` measures:
+
+1. steps_per_execution: 1, 2, 4, ... on the compiled model, whose train function loops over a variable trip count,
+   so each value costs a burst of steps, not a retrace. The smallest value within 3% of the fastest wins: finer
+   callbacks (progress, divergence checks) at no measurable cost.
+2. XLA and a mixed-precision policy, each of which costs a compile, only where that compile fits the budget: 10% of
+   the training time the measured rate predicts (5% for training of 10 minutes or more). A policy must also keep
+   the loss on the same batches within `PRECISION_TOLERANCE` of float32's.
+
+The model's weights, optimizer state and metrics are put back as they were, so training starts where it would have
+without tuning. A choice is kept in `cache_dir` under a key of the model's variables, the batch, the device and
+TensorFlow's version, and reused without measuring. Any knob given in `pinned` is used as given.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+log = logging.getLogger("hpml.trainer")
+
+TUNED_STEP_FILE = "tuned_step.json"
+MAX_STEPS_PER_EXECUTION = 64
+BURST_S = 0.04  # a timed burst of one candidate lasts at least this long
+WITHIN = 0.03  # a smaller steps_per_execution this close to the fastest is preferred
+PRECISION_TOLERANCE = 0.02  # relative difference of the loss on the same batches, against float32
+BUDGET_SHARE, LONG_BUDGET_SHARE, LONG_TRAINING_S = 0.10, 0.05, 600.0
+FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16 = "float32", "mixed_bfloat16", "mixed_float16"
+KNOBS = ("steps_per_execution", "jit_compile", "precision")
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    steps_per_execution: int = 1
+    jit_compile: bool = False
+    precision: str = FLOAT32
+
+    def describe(self) -> str:
+        return (f"steps_per_execution={self.steps_per_execution}, XLA {'on' if self.jit_compile else 'off'}, "
+                f"{self.precision}")
+
+
+@dataclass
+class StepTuning:
+    """The choice, each measurement (examples/s), why each knob is what it is, and what measuring cost."""
+
+    choice: StepChoice
+    measured: list[dict] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    reused: bool = False
+
+    def to_dict(self) -> dict:
+        return {"choice": asdict(self.choice), "measured": self.measured, "reasons": self.reasons,
+                "seconds": self.seconds, "reused": self.reused}
+
+    @staticmethod
+    def from_dict(data: dict) -> "StepTuning":
+        return StepTuning(StepChoice(**data["choice"]), data.get("measured", []), data.get("reasons", {}),
+                          data.get("seconds", 0.0), data.get("reused", False))
+
+
+@dataclass(frozen=True)
+class Device:
+    """What decides which precisions are worth measuring: the device kind, a GPU's compute capability, and whether
+    the CPU has bfloat16 instructions (AVX512_BF16 or AMX_BF16)."""
+
+    kind: str = "CPU"  # "CPU", "GPU" or "TPU"
+    compute_capability: tuple[int, int] | None = None
+    cpu_bf16: bool = False
+
+    def describe(self) -> str:
+        if self.kind == "GPU":
+            return f"GPU (compute capability {'.'.join(map(str, self.compute_capability or ()))})"
+        return f"{self.kind}{' with bfloat16 instructions' if self.kind == 'CPU' and self.cpu_bf16 else ''}"
+
+
+def candidate_precisions(device: Device) -> tuple[list[str], str]:
+    """The policies worth measuring on this device beside float32, and why."""
+    if device.kind == "TPU":
+        return [MIXED_BFLOAT16], "a TPU computes in bfloat16 natively"
+    if device.kind == "GPU":
+        if device.compute_capability and device.compute_capability >= (7, 0):
+            return [MIXED_FLOAT16], "a GPU with tensor cores (compute capability 7.0 or more) runs float16 fast"
+        return [], "this GPU has no tensor cores (compute capability under 7.0): float16 would not be faster"
+    if device.cpu_bf16:
+        return [MIXED_BFLOAT16], "the CPU has bfloat16 instructions (AVX512_BF16 or AMX)"
+    return [], "the CPU has no bfloat16 instructions: a mixed policy would only add casts"
+
+
+def measure_budget_s(predicted_training_s: float) -> float:
+    """How long measuring the costly candidates may take: a share of the training time the rate predicts."""
+    share = LONG_BUDGET_SHARE if predicted_training_s >= LONG_TRAINING_S else BUDGET_SHARE
+    return share * predicted_training_s
+
+
+def this_device() -> Device:
+    """The device training runs on: the first GPU or TPU TensorFlow sees, else the CPU and its instruction set."""
+    import tensorflow as tf
+
+    if tf.config.list_logical_devices("TPU"):
+        return Device("TPU")
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        return Device("GPU", compute_capability=details.get("compute_capability"))
+    return Device("CPU", cpu_bf16=_cpu_has_bf16())
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            flags = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def cache_key(model, batch_size: int, device: Device, extra: str = "") -> str:
+    """The same model shape, data and device: its variables' shapes and dtypes, its layers, the optimizer and loss,
+    the batch size, the device and TensorFlow's version (and `extra`: the data's element spec, the pinned knobs)."""
+    import tensorflow as tf
+
+    parts = [f"{tuple(v.shape)}:{v.dtype.name}" for v in model.variables]  # not names: Keras numbers each model's
+    parts += [type(layer).__name__ for layer in getattr(model, "layers", [])]
+    parts += [type(model).__name__, type(model.optimizer).__name__, str(getattr(model, "loss", "")), str(batch_size),
+              device.describe(), tf.__version__, extra]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _warm(model, iterator, steps: int) -> float:
+    """Seconds of one untimed call at `steps` per call: the first after a new train function traces (and, under
+    XLA, compiles) it."""
+    model._steps_per_execution.assign(steps)
+    started = time.perf_counter()
+    model.train_function(iterator)["loss"].numpy()
+    return time.perf_counter() - started
+
+
+def _rate(model, iterator, batch_size: int, steps: int) -> float:
+    """Examples per second of a burst of calls at `steps` per call, lasting at least BURST_S."""
+    model._steps_per_execution.assign(steps)
+    calls, started = 0, time.perf_counter()
+    while True:
+        outputs = model.train_function(iterator)
+        calls += 1
+        if time.perf_counter() - started >= BURST_S:
+            break
+    outputs["loss"].numpy()
+    return calls * steps * batch_size / (time.perf_counter() - started)
+
+
+def _loss_on(model, batches) -> float:
+    return float(model.evaluate(batches, verbose=0, return_dict=True)["loss"])
+
+
+def tune_step(model, dataset, *, batch_size: int, total_steps: int, pinned: dict | None = None,
+              rebuild=None, device: Device | None = None, cache_dir: str | None = None,
+              max_steps_per_execution: int = MAX_STEPS_PER_EXECUTION) -> tuple[object, StepTuning]:
+    """Measure and apply the fastest training step for `model` (compiled) on `dataset` (repeating batches of
+    `batch_size`); returns the model to train (a new one only where a mixed policy won, built by `rebuild()`)
+    and what was decided. `total_steps` is the training's length, which bounds what measuring may cost."""
+    pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
+    device = device or this_device()
+    key = cache_key(model, batch_size, device, f"{json.dumps(pinned, sort_keys=True)} {dataset.element_spec}")
+    cached = _read_cache(cache_dir, key)
+    if cached is not None:
+        cached.reused, cached.seconds = True, 0.0
+        return apply_choice(model, cached.choice, rebuild), cached
+    from hpml.components.trainer.model_state import restored_afterwards
+
+    started = time.perf_counter()
+    model.optimizer.build(model.trainable_variables)  # its slots exist now, to be put back after measuring
+    with restored_afterwards(model):
+        choice, tuning, _ = _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device,
+                                     max_steps_per_execution, started)
+    tuning.choice = choice
+    tuning.seconds = time.perf_counter() - started
+    model = apply_choice(model, choice, rebuild)
+    _write_cache(cache_dir, key, tuning)
+    return model, tuning
+
+
+def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, max_steps_per_execution, started):
+    tuning = StepTuning(StepChoice())
+    policies, why = candidate_precisions(device)
+    precision_check = None
+    if policies and rebuild is not None and pinned.get("precision") is None:
+        # float32's loss on a few batches at the starting weights: a mixed policy must match it
+        batches = dataset.take(4).cache()
+        precision_check = (batches, model.get_weights(), _loss_on(model, batches))
+    iterator = iter(model.distribute_strategy.experimental_distribute_dataset(dataset))
+    model._steps_per_execution.assign(max_steps_per_execution)
+    model.make_train_function(force=True)  # the looping train function, which fit reuses
+
+    # 1. steps_per_execution: cheap, measured on the compiled model.
+    if "steps_per_execution" in pinned:
+        spe_values = [int(pinned["steps_per_execution"])]
+        tuning.reasons["steps_per_execution"] = "pinned in hyperparameters"
+    else:
+        spe_values, value = [], 1
+        while value <= min(max_steps_per_execution, max(1, total_steps)):
+            spe_values.append(value)
+            value *= 2
+    trace_s = _warm(model, iterator, spe_values[0])
+    rates: dict[int, float] = {}
+    for _ in range(2):  # two interleaved rounds, best of each: this machine's noise hits every value alike
+        best_so_far, flat = 0.0, 0
+        for value in spe_values:
+            rate = _rate(model, iterator, batch_size, value)
+            rates[value] = max(rates.get(value, 0.0), rate)
+            # Past the knee, more steps per call only cost time: two doublings without a gain end the round.
+            flat = flat + 1 if rates[value] < (1 + WITHIN) * best_so_far else 0
+            best_so_far = max(best_so_far, rates[value])
+            if flat >= 2:
+                break
+    best = max(rates.values())
+    spe = min(value for value, rate in rates.items() if rate >= (1 - WITHIN) * best)
+    tuning.measured += [{"steps_per_execution": v, "jit_compile": False, "precision": FLOAT32,
+                         "examples_per_s": r} for v, r in sorted(rates.items())]
+    if "steps_per_execution" not in pinned:
+        tuning.reasons["steps_per_execution"] = (
+            f"{spe} ran {rates[spe]:,.0f} examples/s, {rates[spe] / rates[1]:.1f}x one step per call"
+            if spe != 1 else "more steps per call were not faster here")
+    choice = StepChoice(spe)
+    fastest = rates[spe]
+
+    # 2. XLA and a mixed policy: each costs a compile, measured only where the budget allows.
+    predicted = total_steps * batch_size / fastest
+    budget = measure_budget_s(predicted)
+    compile_s = max(trace_s, 0.2)
+    jit_pinned = pinned.get("jit_compile")
+    if jit_pinned is not None:
+        choice = StepChoice(spe, bool(jit_pinned))
+        tuning.reasons["jit_compile"] = "pinned in hyperparameters"
+    elif time.perf_counter() - started + 2 * compile_s > budget:
+        tuning.reasons["jit_compile"] = (f"not measured: compiling a candidate (about {compile_s:.1f} s) would take "
+                                         f"measuring past its {budget:.1f} s budget, {_share(predicted)} of the "
+                                         f"{predicted:.0f} s this training should take")
+    else:
+        model.jit_compile = True
+        model.make_train_function(force=True)
+        _warm(model, iterator, spe)
+        xla = max(_rate(model, iterator, batch_size, spe) for _ in range(2))
+        tuning.measured.append({"steps_per_execution": spe, "jit_compile": True, "precision": FLOAT32,
+                                "examples_per_s": xla})
+        if xla > (1 + WITHIN) * fastest:
+            choice, fastest = StepChoice(spe, True), xla
+            tuning.reasons["jit_compile"] = f"XLA ran {xla:,.0f} examples/s, {xla / rates[spe]:.2f}x without it"
+        else:
+            tuning.reasons["jit_compile"] = f"XLA ran {xla:,.0f} examples/s, {xla / rates[spe]:.2f}x without it: off"
+        model.jit_compile = choice.jit_compile
+        model.make_train_function(force=True)
+
+    precision_pinned = pinned.get("precision")
+    if precision_pinned is not None:
+        choice = StepChoice(choice.steps_per_execution, choice.jit_compile, precision_pinned)
+        tuning.reasons["precision"] = "pinned in hyperparameters"
+    elif not policies:
+        tuning.reasons["precision"] = f"float32: {why}"
+    elif rebuild is None:
+        tuning.reasons["precision"] = "float32: the run_fn gives no way to build the model again under a policy"
+    elif time.perf_counter() - started + 2 * compile_s > budget:
+        tuning.reasons["precision"] = (f"float32: {policies[0]} not measured: compiling it would take measuring past "
+                                       f"its {budget:.1f} s budget")
+    else:
+        choice, fastest = _try_precision(precision_check, iterator, rebuild, policies[0], choice, fastest,
+                                         batch_size, why, tuning)
+    return choice, tuning, fastest
+
+
+def _share(predicted_s: float) -> str:
+    return f"{100 * (LONG_BUDGET_SHARE if predicted_s >= LONG_TRAINING_S else BUDGET_SHARE):.0f}%"
+
+
+def _try_precision(precision_check, iterator, rebuild, policy, choice, fastest, batch_size, why, tuning):
+    """Measure `policy` on a model built again under it, from the same weights; keep it only where it is faster and
+    its loss on the same batches stays within PRECISION_TOLERANCE of float32's."""
+    batches, weights, reference = precision_check
+    candidate = _build_under(policy, rebuild)
+    candidate.set_weights(weights)
+    difference = abs(_loss_on(candidate, batches) - reference) / max(abs(reference), 1e-6)
+    candidate.jit_compile = choice.jit_compile
+    candidate._steps_per_execution.assign(choice.steps_per_execution)
+    candidate.make_train_function(force=True)
+    _warm(candidate, iterator, choice.steps_per_execution)
+    rate = max(_rate(candidate, iterator, batch_size, choice.steps_per_execution) for _ in range(2))
+    tuning.measured.append({**asdict(choice), "precision": policy, "examples_per_s": rate,
+                            "loss_difference": difference})
+    del candidate
+    if difference > PRECISION_TOLERANCE:
+        tuning.reasons["precision"] = (f"float32: {policy}'s loss differs by {difference:.1%} from float32's on the "
+                                       f"same batches, over the {PRECISION_TOLERANCE:.0%} allowed")
+        return choice, fastest
+    if rate > (1 + WITHIN) * fastest:
+        tuning.reasons["precision"] = (f"{policy} ({why}): {rate:,.0f} examples/s, {rate / fastest:.2f}x float32, "
+                                       f"loss within {difference:.2%}")
+        return StepChoice(choice.steps_per_execution, choice.jit_compile, policy), rate
+    tuning.reasons["precision"] = f"float32: {policy} ran {rate / fastest:.2f}x float32's speed here"
+    return choice, fastest
+
+
+def _build_under(policy: str, rebuild):
+    import tf_keras
+
+    previous = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(policy)
+    try:
+        return rebuild()
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+
+
+def apply_choice(model, choice: StepChoice, rebuild=None):
+    """The model to train with `choice`: this one with its steps per call and XLA set, or, for a mixed policy, one
+    built again under it with this one's weights."""
+    if choice.precision != FLOAT32:
+        if rebuild is None:
+            raise ValueError(f"precision {choice.precision} needs the model built again under it (rebuild)")
+        weights = model.get_weights()
+        model = _build_under(choice.precision, rebuild)
+        model.set_weights(weights)
+    model.jit_compile = choice.jit_compile
+    model._steps_per_execution.assign(choice.steps_per_execution)
+    model.make_train_function(force=True)
+    return model
+
+
+def _read_cache(cache_dir: str | None, key: str) -> StepTuning | None:
+    if not cache_dir:
+        return None
+    try:
+        with open(os.path.join(cache_dir, f"{key}.json"), encoding="utf-8") as handle:
+            return StepTuning.from_dict(json.load(handle))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cache(cache_dir: str | None, key: str, tuning: StepTuning) -> None:
+    if not cache_dir:
+        return
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = os.path.join(cache_dir, f".{key}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(tuning.to_dict(), handle, indent=2)
+        os.replace(tmp, os.path.join(cache_dir, f"{key}.json"))
+    except OSError as err:  # a cache that cannot be written costs a measurement next time, nothing else
+        log.warning("the tuned step could not be cached in %s: %s", cache_dir, err)
+
+
+# Strategies whose training step tune_training_step measures: one process drives every replica, so a burst on the
+# chief times the whole step. Under multi_worker_mirrored the workers would have to time their steps in lockstep,
+# parameter_server's coordinator schedules steps on the workers, and gpipe's schedule is its own step.
+TUNABLE_STRATEGIES = ("one_device", "mirrored", "central_storage", "tpu")
+
+
+def default_cache_dir() -> str:
+    """Where tuned steps are kept between runs on this machine: `$XDG_CACHE_HOME/hpml/tuned_steps`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hpml", "tuned_steps")
+
+
+def _largest_power_of_two_dividing(number: int) -> int:
+    return number & -number
+
+
+def tune_training_step(model, dataset, fn_args, hyperparameters: dict, *, strategy_name: str, steps_per_epoch: int,
+                       epochs: int, batch_size: int, rebuild=None, save_freq="epoch"):
+    """A run_fn's tuned step: measures (or reuses) the fastest step for `model` on its training `dataset` and returns
+    the model to fit. Hyperparameters `steps_per_execution`, `jit_compile` and `precision` pin a knob. The decision
+    goes to `tuned_step.json` in the model_run dir, which the run record and report show."""
+    import tensorflow as tf
+
+    pinned = {knob: hyperparameters.get(knob) for knob in KNOBS}
+    if strategy_name not in TUNABLE_STRATEGIES:
+        tuning = StepTuning(StepChoice(int(pinned["steps_per_execution"] or 1)),
+                            reasons={"steps_per_execution": f"not measured under {strategy_name}: its workers (or "
+                                                            "its schedule) set the pace of a step, not one process"})
+        model = apply_choice(model, tuning.choice) if pinned["steps_per_execution"] else model
+    else:
+        bound = MAX_STEPS_PER_EXECUTION
+        if isinstance(save_freq, int) and save_freq > 0:  # backups land on whole calls: keep them on save_freq
+            bound = min(bound, _largest_power_of_two_dividing(save_freq))
+        model, tuning = tune_step(model, dataset, batch_size=batch_size, total_steps=steps_per_epoch * epochs,
+                                  pinned=pinned, rebuild=rebuild, cache_dir=default_cache_dir(),
+                                  max_steps_per_execution=bound)
+    if fn_args.model_run_dir:
+        tf.io.gfile.makedirs(fn_args.model_run_dir)
+        with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, TUNED_STEP_FILE), "w") as handle:
+            handle.write(json.dumps(tuning.to_dict(), indent=2))
+    how = "reused for this model, data and device" if tuning.reused else f"measured in {tuning.seconds:.1f} s"
+    log.info("training step: %s (%s; the run report gives the reason for each choice)", tuning.choice.describe(),
+             how)
+    for knob, reason in tuning.reasons.items():
+        log.debug("training step: %s: %s", knob, reason)
+    return model

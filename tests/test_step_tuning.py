@@ -1,0 +1,120 @@
+"""The tuned training step: which precisions a device is worth measuring, what measuring may cost, that the tuned
+step trains exactly as the plain one, that a choice is reused and a pinned knob kept, and that backups still land
+on save_freq steps when a call runs several steps."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from hpml.components.trainer import step_tuning
+from hpml.components.trainer.step_tuning import (FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16, Device, candidate_precisions,
+                                                 measure_budget_s, tune_step)
+
+BATCH = 32
+
+
+@pytest.mark.parametrize("device, policies", [
+    (Device("CPU"), []),
+    (Device("CPU", cpu_bf16=True), [MIXED_BFLOAT16]),
+    (Device("GPU", compute_capability=(8, 0)), [MIXED_FLOAT16]),
+    (Device("GPU", compute_capability=(7, 0)), [MIXED_FLOAT16]),
+    (Device("GPU", compute_capability=(6, 1)), []),
+    (Device("TPU"), [MIXED_BFLOAT16]),
+])
+def test_the_precisions_worth_measuring_follow_the_device(device, policies):
+    chosen, why = candidate_precisions(device)
+    assert chosen == policies and why
+
+
+def test_measuring_may_cost_a_tenth_of_short_training_and_a_twentieth_of_long():
+    assert measure_budget_s(100) == pytest.approx(10)
+    assert measure_budget_s(599) == pytest.approx(59.9)
+    assert measure_budget_s(1200) == pytest.approx(60)
+
+
+def _data(rows=4096, seed=0):
+    x = np.random.default_rng(seed).normal(size=(rows, 8)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int64")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True).cache().repeat()
+
+
+def _model(seed=1, width=16):
+    tf_keras.utils.set_random_seed(seed)
+    model = tf_keras.Sequential([tf_keras.Input((8,)), tf_keras.layers.Dense(width, activation="relu"),
+                                 tf_keras.layers.Dense(2, activation="softmax", dtype="float32")])
+    model.compile(tf_keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy", ["accuracy"])
+    return model
+
+
+def _weights(model):
+    return [v.numpy() for v in model.weights]
+
+
+def test_the_tuned_step_trains_exactly_as_one_step_per_call(tmp_path):
+    """Measuring trains the real model; its weights and optimizer state are put back, and the tuned model then
+    trains to the same weights, bit for bit, as an untuned twin."""
+    plain, tuned = _model(), _model()
+    start = _weights(tuned)
+    tuned, tuning = tune_step(tuned, _data(), batch_size=BATCH, total_steps=500, device=Device("CPU"),
+                              cache_dir=str(tmp_path))
+    assert [np.array_equal(a, b) for a, b in zip(start, _weights(tuned))] == [True] * len(start)
+    assert int(tuned.optimizer.iterations.numpy()) == 0
+    spe = tuning.choice.steps_per_execution
+    rates = {m["steps_per_execution"]: m["examples_per_s"] for m in tuning.measured if not m["jit_compile"]}
+    assert rates[spe] >= (1 - step_tuning.WITHIN) * max(rates.values()), "the fastest, or a smaller one as fast"
+    assert rates[1] and len(rates) >= 3
+    for model in (plain, tuned):
+        model.fit(_data(), epochs=2, steps_per_epoch=40, verbose=0)
+    assert int(tuned.optimizer.iterations.numpy()) == 80
+    assert all(np.array_equal(a, b) for a, b in zip(_weights(plain), _weights(tuned))), \
+        f"steps_per_execution={spe} must not change what training computes"
+
+
+def test_a_choice_is_reused_for_the_same_model_and_a_pinned_knob_is_kept(tmp_path):
+    first, tuning = tune_step(_model(), _data(), batch_size=BATCH, total_steps=500, device=Device("CPU"),
+                              cache_dir=str(tmp_path))
+    assert not tuning.reused and tuning.seconds > 0
+    again, reused = tune_step(_model(seed=5), _data(), batch_size=BATCH, total_steps=500, device=Device("CPU"),
+                              cache_dir=str(tmp_path))
+    assert reused.reused and reused.seconds == 0 and reused.choice == tuning.choice
+    assert int(again._steps_per_execution.numpy()) == tuning.choice.steps_per_execution
+    other, fresh = tune_step(_model(width=24), _data(), batch_size=BATCH, total_steps=500, device=Device("CPU"),
+                             cache_dir=str(tmp_path))
+    assert not fresh.reused, "another model shape is measured again"
+
+    pinned, kept = tune_step(_model(), _data(), batch_size=BATCH, total_steps=500, device=Device("CPU"),
+                             pinned={"steps_per_execution": 4, "jit_compile": False}, cache_dir=str(tmp_path))
+    assert kept.choice == step_tuning.StepChoice(4, False, FLOAT32)
+    assert kept.reasons["steps_per_execution"] == kept.reasons["jit_compile"] == "pinned in hyperparameters"
+    assert int(pinned._steps_per_execution.numpy()) == 4 and not pinned.jit_compile
+
+
+def test_costly_candidates_are_measured_only_within_the_budget(tmp_path, monkeypatch):
+    _, short = tune_step(_model(), _data(), batch_size=BATCH, total_steps=50, rebuild=_model,
+                         device=Device("CPU", cpu_bf16=True))
+    assert short.reasons["jit_compile"].startswith("not measured: compiling a candidate")
+    assert "budget" in short.reasons["precision"]
+    assert [m for m in short.measured if m["jit_compile"] or m["precision"] != FLOAT32] == []
+
+    monkeypatch.setattr(step_tuning, "PRECISION_TOLERANCE", 0.0)  # no policy can match float32 exactly
+    _, long = tune_step(_model(), _data(), batch_size=BATCH, total_steps=10_000_000, rebuild=_model,
+                        device=Device("CPU", cpu_bf16=True))
+    assert [m["jit_compile"] for m in long.measured].count(True) == 1
+    assert long.reasons["jit_compile"].startswith("XLA ran ")
+    bf16 = [m for m in long.measured if m["precision"] == MIXED_BFLOAT16]
+    assert len(bf16) == 1 and bf16[0]["loss_difference"] > 0
+    assert long.choice.precision == FLOAT32 and "differs by" in long.reasons["precision"]
+
+
+def test_backups_land_on_save_freq_steps_when_a_call_runs_several(tmp_path, monkeypatch):
+    from hpml.components.trainer.callbacks import BackupAndRestore
+
+    saved = []
+    backup = BackupAndRestore(str(tmp_path / "backup"), save_freq=8, delete_checkpoint=False)
+    monkeypatch.setattr(backup, "_backup", lambda epoch, batch=0: saved.append((epoch, batch)))
+    model = _model()
+    model._steps_per_execution.assign(4)
+    model.make_train_function(force=True)
+    model.fit(_data(), epochs=2, steps_per_epoch=20, verbose=0, callbacks=[backup])
+    # Steps 0-7, 8-15, ... of the run: a backup after every 8th step, whatever the calls.
+    assert saved == [(0, 7), (0, 15), (1, 3), (1, 11), (1, 19)], saved
