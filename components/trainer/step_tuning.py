@@ -27,7 +27,7 @@ log = logging.getLogger("hpml.trainer")
 
 TUNED_STEP_FILE = "tuned_step.json"
 MAX_STEPS_PER_EXECUTION = 64
-BURST_S = 0.04  # a timed burst of one candidate lasts at least this long
+BURST_S = 0.03  # a timed burst of one candidate lasts at least this long
 WITHIN = 0.03  # a smaller steps_per_execution this close to the fastest is preferred
 PRECISION_TOLERANCE = 0.02  # relative difference of the loss on the same batches, against float32
 BUDGET_SHARE, LONG_BUDGET_SHARE, LONG_TRAINING_S = 0.10, 0.05, 600.0
@@ -190,14 +190,11 @@ def tune_step(model, dataset, *, batch_size: int, total_steps: int, pinned: dict
 def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, max_steps_per_execution, started):
     tuning = StepTuning(StepChoice())
     policies, why = candidate_precisions(device)
-    precision_check = None
-    if policies and rebuild is not None and pinned.get("precision") is None:
-        # float32's loss on a few batches at the starting weights: a mixed policy must match it
-        batches = dataset.take(4).cache()
-        precision_check = (batches, model.get_weights(), _loss_on(model, batches))
+    precision_check = (dataset.take(4).cache(), model.get_weights())  # a mixed policy starts from these weights
     iterator = iter(model.distribute_strategy.experimental_distribute_dataset(dataset))
-    model._steps_per_execution.assign(max_steps_per_execution)
+    model._steps_per_execution.assign(max(max_steps_per_execution, 2))
     model.make_train_function(force=True)  # the looping train function, which fit reuses
+    model._hpml_looping = True
 
     # 1. steps_per_execution: cheap, measured on the compiled model.
     if "steps_per_execution" in pinned:
@@ -231,79 +228,123 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     choice = StepChoice(spe)
     fastest = rates[spe]
 
-    # 2. XLA and a mixed policy: each costs a compile, measured only where the budget allows.
+    # 2. XLA and a mixed policy: each candidate costs a compile, so they are measured, most promising first, only
+    # while the budget allows. Together, not one after the other: on a CPU, bfloat16 can win alone and lose with XLA.
     predicted = total_steps * batch_size / fastest
     budget = measure_budget_s(predicted)
     compile_s = max(trace_s, 0.2)
-    jit_pinned = pinned.get("jit_compile")
+    jit_pinned, precision_pinned = pinned.get("jit_compile"), pinned.get("precision")
+    jits = [bool(jit_pinned)] if jit_pinned is not None else [False, True]
+    precisions = [precision_pinned] if precision_pinned is not None else \
+        [FLOAT32] + (policies if rebuild is not None else [])
     if jit_pinned is not None:
-        choice = StepChoice(spe, bool(jit_pinned))
         tuning.reasons["jit_compile"] = "pinned in hyperparameters"
-    elif time.perf_counter() - started + 2 * compile_s > budget:
-        tuning.reasons["jit_compile"] = (f"not measured: compiling a candidate (about {compile_s:.1f} s) would take "
-                                         f"measuring past its {budget:.1f} s budget, {_share(predicted)} of the "
-                                         f"{predicted:.0f} s this training should take")
-    else:
-        model.jit_compile = True
-        model.make_train_function(force=True)
-        _warm(model, iterator, spe)
-        xla = max(_rate(model, iterator, batch_size, spe) for _ in range(2))
-        tuning.measured.append({"steps_per_execution": spe, "jit_compile": True, "precision": FLOAT32,
-                                "examples_per_s": xla})
-        if xla > (1 + WITHIN) * fastest:
-            choice, fastest = StepChoice(spe, True), xla
-            tuning.reasons["jit_compile"] = f"XLA ran {xla:,.0f} examples/s, {xla / rates[spe]:.2f}x without it"
-        else:
-            tuning.reasons["jit_compile"] = f"XLA ran {xla:,.0f} examples/s, {xla / rates[spe]:.2f}x without it: off"
-        model.jit_compile = choice.jit_compile
-        model.make_train_function(force=True)
-
-    precision_pinned = pinned.get("precision")
     if precision_pinned is not None:
-        choice = StepChoice(choice.steps_per_execution, choice.jit_compile, precision_pinned)
         tuning.reasons["precision"] = "pinned in hyperparameters"
     elif not policies:
         tuning.reasons["precision"] = f"float32: {why}"
     elif rebuild is None:
         tuning.reasons["precision"] = "float32: the run_fn gives no way to build the model again under a policy"
-    elif time.perf_counter() - started + 2 * compile_s > budget:
-        tuning.reasons["precision"] = (f"float32: {policies[0]} not measured: compiling it would take measuring past "
-                                       f"its {budget:.1f} s budget")
+    policies_here = [p for p in precisions if p != FLOAT32]
+    ordered = [(False, p) for p in policies_here] + [(True, FLOAT32)] + [(True, p) for p in policies_here]
+    candidates = [key for key in ordered if key[0] in jits and key[1] in precisions]
+    results = {(False, FLOAT32): fastest} if (False, FLOAT32) in [(j, p) for j in jits for p in precisions] else {}
+    differences: dict[str, float] = {}
+    skipped = []
+    for jit, precision in candidates:
+        if time.perf_counter() - started + 2 * compile_s > budget:
+            skipped.append((jit, precision))
+            continue
+        if precision == FLOAT32:
+            rate = _measure_on(model, iterator, batch_size, spe, jit)
+            model.jit_compile = False
+        else:
+            rate, differences[precision] = _measure_policy(precision_check, iterator, rebuild, precision, spe, jit,
+                                                           batch_size)
+        results[(jit, precision)] = rate
+        tuning.measured.append({"steps_per_execution": spe, "jit_compile": jit, "precision": precision,
+                                "examples_per_s": rate, **({"loss_difference": differences[precision]}
+                                                           if precision in differences else {})})
+    allowed = {key: rate for key, rate in results.items()
+               if key[1] == FLOAT32 or differences.get(key[1], 0.0) <= PRECISION_TOLERANCE}
+    if not allowed:  # only pinned candidates, none measured: take the pins as they are
+        jit, precision = jits[0], precisions[0]
     else:
-        choice, fastest = _try_precision(precision_check, iterator, rebuild, policies[0], choice, fastest,
-                                         batch_size, why, tuning)
-    return choice, tuning, fastest
+        best_key = max(allowed, key=allowed.get)
+        # float32 without XLA unless a costly knob is clearly faster
+        base = allowed.get((False, FLOAT32))
+        jit, precision = best_key if base is None or allowed[best_key] > (1 + WITHIN) * base else (False, FLOAT32)
+    model.jit_compile = False
+    model._steps_per_execution.assign(max(spe, 2))
+    model.make_train_function(force=True)  # back to the looping float32 function measured first
+    choice = StepChoice(spe, jit, precision)
+    _explain(tuning, choice, results, differences, skipped, budget, predicted, compile_s, why)
+    return choice, tuning, results.get((jit, precision), fastest)
+
+
+def _measure_on(model, iterator, batch_size: int, spe: int, jit: bool) -> float:
+    model.jit_compile = jit
+    model._steps_per_execution.assign(max(spe, 2))
+    model.make_train_function(force=True)
+    _warm(model, iterator, spe)
+    return max(_rate(model, iterator, batch_size, spe) for _ in range(2))
+
+
+def _measure_policy(precision_check, iterator, rebuild, policy: str, spe: int, jit: bool, batch_size: int):
+    """(examples/s, relative loss difference from float32 on the same batches at the same weights) of the model
+    built again under `policy`."""
+    batches, weights = precision_check
+    twin = _build_under(FLOAT32, rebuild)
+    twin.set_weights(weights)
+    reference = _loss_on(twin, batches)
+    del twin
+    candidate = _build_under(policy, rebuild)
+    candidate.set_weights(weights)
+    difference = abs(_loss_on(candidate, batches) - reference) / max(abs(reference), 1e-6)
+    rate = _measure_on(candidate, iterator, batch_size, spe, jit)
+    del candidate
+    return rate, difference
+
+
+def _explain(tuning, choice, results, differences, skipped, budget, predicted, compile_s, why) -> None:
+    """Each knob's reason, from what was measured and what the budget left out."""
+    base = results.get((False, FLOAT32))
+
+    def versus(key) -> str:
+        rate = results[key]
+        return f"{rate:,.0f} examples/s" + (f", {rate / base:.2f}x float32 without XLA" if base else "")
+
+    over_budget = (f"compiling a candidate (about {compile_s:.1f} s) would take measuring past its {budget:.1f} s "
+                   f"budget, {_share(predicted)} of the {predicted:.0f} s this training should take")
+    if "jit_compile" not in tuning.reasons:
+        xla = [key for key in results if key[0]]
+        if not xla:
+            tuning.reasons["jit_compile"] = f"not measured: {over_budget}"
+        elif choice.jit_compile:
+            tuning.reasons["jit_compile"] = f"XLA: {versus((True, choice.precision))}"
+        else:
+            best = max(xla, key=results.get)
+            tuning.reasons["jit_compile"] = f"off: with XLA, at best {versus(best)}"
+    if "precision" not in tuning.reasons:
+        policy = next((key[1] for key in list(results) + skipped if key[1] != FLOAT32), None)
+        if policy is None:
+            tuning.reasons["precision"] = "float32"
+        elif policy not in differences:
+            tuning.reasons["precision"] = f"float32: {policy} not measured: {over_budget}"
+        elif differences[policy] > PRECISION_TOLERANCE:
+            tuning.reasons["precision"] = (f"float32: {policy}'s loss differs by {differences[policy]:.1%} from "
+                                           f"float32's on the same batches, over the {PRECISION_TOLERANCE:.0%} "
+                                           "allowed")
+        elif choice.precision == policy:
+            tuning.reasons["precision"] = (f"{policy} ({why}): {versus((choice.jit_compile, policy))}, loss within "
+                                           f"{differences[policy]:.2%} of float32's")
+        else:
+            best = max((key for key in results if key[1] == policy), key=results.get)
+            tuning.reasons["precision"] = f"float32: {policy} ran at best {versus(best)}"
 
 
 def _share(predicted_s: float) -> str:
     return f"{100 * (LONG_BUDGET_SHARE if predicted_s >= LONG_TRAINING_S else BUDGET_SHARE):.0f}%"
-
-
-def _try_precision(precision_check, iterator, rebuild, policy, choice, fastest, batch_size, why, tuning):
-    """Measure `policy` on a model built again under it, from the same weights; keep it only where it is faster and
-    its loss on the same batches stays within PRECISION_TOLERANCE of float32's."""
-    batches, weights, reference = precision_check
-    candidate = _build_under(policy, rebuild)
-    candidate.set_weights(weights)
-    difference = abs(_loss_on(candidate, batches) - reference) / max(abs(reference), 1e-6)
-    candidate.jit_compile = choice.jit_compile
-    candidate._steps_per_execution.assign(choice.steps_per_execution)
-    candidate.make_train_function(force=True)
-    _warm(candidate, iterator, choice.steps_per_execution)
-    rate = max(_rate(candidate, iterator, batch_size, choice.steps_per_execution) for _ in range(2))
-    tuning.measured.append({**asdict(choice), "precision": policy, "examples_per_s": rate,
-                            "loss_difference": difference})
-    del candidate
-    if difference > PRECISION_TOLERANCE:
-        tuning.reasons["precision"] = (f"float32: {policy}'s loss differs by {difference:.1%} from float32's on the "
-                                       f"same batches, over the {PRECISION_TOLERANCE:.0%} allowed")
-        return choice, fastest
-    if rate > (1 + WITHIN) * fastest:
-        tuning.reasons["precision"] = (f"{policy} ({why}): {rate:,.0f} examples/s, {rate / fastest:.2f}x float32, "
-                                       f"loss within {difference:.2%}")
-        return StepChoice(choice.steps_per_execution, choice.jit_compile, policy), rate
-    tuning.reasons["precision"] = f"float32: {policy} ran {rate / fastest:.2f}x float32's speed here"
-    return choice, fastest
 
 
 def _build_under(policy: str, rebuild):
@@ -319,16 +360,21 @@ def _build_under(policy: str, rebuild):
 
 def apply_choice(model, choice: StepChoice, rebuild=None):
     """The model to train with `choice`: this one with its steps per call and XLA set, or, for a mixed policy, one
-    built again under it with this one's weights."""
+    built again under it with this one's weights. Where only the steps per call change and the model's train
+    function already loops over them (as after measuring), that function is kept: fit reuses its trace."""
     if choice.precision != FLOAT32:
         if rebuild is None:
             raise ValueError(f"precision {choice.precision} needs the model built again under it (rebuild)")
         weights = model.get_weights()
         model = _build_under(choice.precision, rebuild)
         model.set_weights(weights)
-    model.jit_compile = choice.jit_compile
+    looping = getattr(model, "_hpml_looping", False) and model.train_function is not None
+    if not looping or bool(model.jit_compile) != choice.jit_compile:
+        model.jit_compile = choice.jit_compile
+        model._steps_per_execution.assign(max(choice.steps_per_execution, 2))  # the looping train function
+        model.make_train_function(force=True)
+        model._hpml_looping = True
     model._steps_per_execution.assign(choice.steps_per_execution)
-    model.make_train_function(force=True)
     return model
 
 
