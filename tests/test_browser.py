@@ -143,10 +143,12 @@ def test_form_refuses_invalid_values(page, stack):
 
 @pytest.fixture(scope="module")
 def training_run(page, stack):
-    """A penguin run triggered from the form with enough epochs that its Trainer trains for a while."""
+    """A penguin run triggered from the form with enough epochs that its Trainer trains for a while (about 25 s)."""
     dialog = _open_trigger_form(page, stack)
     dialog.locator("input[name=element_epochs]").fill("150")
     dialog.locator("input[name=element_batch_size]").fill("4")
+    # One step per call, pinned from the form: the tuned step would train this tiny model too fast to watch.
+    dialog.locator("input[name=element_steps_per_execution]").fill("1")
     return _trigger(page, dialog)
 
 
@@ -199,6 +201,22 @@ def test_the_report_view_shows_training_advance_then_the_finished_report(page, s
     assert view.locator('[data-status="FINISHED"]').is_visible()
     page.screenshot(path=SHOTS / "06-report-view-finished.png")
 
+    # Signed in as a user whom Airflow's auth manager denies this DAG, the browser gets the view's 403, not the run.
+    context = page.context.browser.new_context()
+    try:
+        other = context.new_page()
+        other.goto(f"{stack.url}/dags/penguin")
+        other.get_by_label("Username").fill(OUTSIDER)
+        other.get_by_label("Password").fill(OUTSIDER_PASSWORD)
+        other.get_by_role("button", name="Sign in").click()
+        other.wait_for_url(lambda url: "login" not in url)
+        response = other.goto(f"{stack.url}/hpml/runs/penguin/{urllib.parse.quote(run_id, safe='')}/")
+        assert response.status == 403 and "you may not read the runs of DAG 'penguin'" in other.content()
+        assert other.goto(f"{stack.url}/hpml/runs/penguin/{urllib.parse.quote(run_id, safe='')}/report/"
+                          "report.html").status == 403
+    finally:
+        context.close()
+
 
 def test_the_report_views_endpoints_need_a_user_who_may_read_the_dag_and_serve_only_that_runs_report(
         stack, training_run, tmp_path):
@@ -222,7 +240,9 @@ def test_the_report_views_endpoints_need_a_user_who_may_read_the_dag_and_serve_o
     # Only files inside this run's report: no climbing out, no absolute paths, no symlinks out.
     from hpml.pipelines import records
 
-    run_dir = records.load(records.find("airflow.run_id", run_id, "penguin")).tags["hpml.run_dir"]
+    tags = records.load(records.find("airflow.run_id", run_id, "penguin")).tags
+    assert tags["hpml.step.steps_per_execution"] == "1", "the form's pinned knob reached the Trainer"
+    run_dir = tags["hpml.run_dir"]
     secret = tmp_path / "secret.txt"
     secret.write_text("not for the browser")
     os.symlink(secret, os.path.join(run_dir, "report", "link.txt"))
