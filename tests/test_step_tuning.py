@@ -87,6 +87,9 @@ def test_a_choice_is_reused_for_the_same_model_and_a_pinned_knob_is_kept(tmp_pat
     assert kept.choice == step_tuning.StepChoice(4, False, FLOAT32)
     assert kept.reasons["steps_per_execution"] == kept.reasons["jit_compile"] == "pinned in hyperparameters"
     assert int(pinned._steps_per_execution.numpy()) == 4 and not pinned.jit_compile
+    _, all_pinned = tune_step(_model(), _data(), batch_size=BATCH, total_steps=500, device=Device("CPU"),
+                              pinned={"steps_per_execution": 2, "jit_compile": False, "precision": FLOAT32})
+    assert all_pinned.choice == step_tuning.StepChoice(2) and all_pinned.measured == [] and all_pinned.seconds == 0
 
 
 def test_costly_candidates_are_measured_only_within_the_budget(tmp_path, monkeypatch):

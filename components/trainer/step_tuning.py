@@ -167,6 +167,10 @@ def tune_step(model, dataset, *, batch_size: int, total_steps: int, pinned: dict
     `batch_size`); returns the model to train (a new one only where a mixed policy won, built by `rebuild()`)
     and what was decided. `total_steps` is the training's length, which bounds what measuring may cost."""
     pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
+    if set(KNOBS) <= set(pinned):  # nothing left to measure
+        choice = StepChoice(int(pinned["steps_per_execution"]), bool(pinned["jit_compile"]), pinned["precision"])
+        return apply_choice(model, choice, rebuild), StepTuning(choice, reasons=dict.fromkeys(
+            KNOBS, "pinned in hyperparameters"))
     device = device or this_device()
     key = cache_key(model, batch_size, device, f"{json.dumps(pinned, sort_keys=True)} {dataset.element_spec}")
     cached = _read_cache(cache_dir, key)
