@@ -275,7 +275,8 @@ def _step_section(step: dict | None) -> list[str]:
         return []
     choice = step["choice"]
     how = ("reused: measured by an earlier run of this model on this data and device" if step.get("reused")
-           else f"measured in {step['seconds']:.1f} s")
+           else f"measured in {step['seconds']:.1f} s, {step.get('trace_s', 0):.1f} s of it tracing the training step, "
+                "which training then reuses")
     rows = [(knob, str(choice[knob]), step["reasons"].get(knob, "")) for knob in choice]
     measured = [(m["steps_per_execution"], "on" if m["jit_compile"] else "off", m["precision"],
                  f"{m['examples_per_s']:,.0f}") for m in step.get("measured", [])]

@@ -28,6 +28,7 @@ log = logging.getLogger("hpml.trainer")
 TUNED_STEP_FILE = "tuned_step.json"
 MAX_STEPS_PER_EXECUTION = 64
 BURST_S = 0.03  # a timed burst of one candidate lasts at least this long
+MIN_SWEEP_S = 0.25  # the steps_per_execution sweep may always take this long, however short the training
 WITHIN = 0.03  # a smaller steps_per_execution this close to the fastest is preferred
 PRECISION_TOLERANCE = 0.02  # relative difference of the loss on the same batches, against float32
 BUDGET_SHARE, LONG_BUDGET_SHARE, LONG_TRAINING_S = 0.10, 0.05, 600.0
@@ -55,15 +56,16 @@ class StepTuning:
     reasons: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     reused: bool = False
+    trace_s: float = 0.0  # of `seconds`, tracing the training step, which fit then reuses
 
     def to_dict(self) -> dict:
         return {"choice": asdict(self.choice), "measured": self.measured, "reasons": self.reasons,
-                "seconds": self.seconds, "reused": self.reused}
+                "seconds": self.seconds, "reused": self.reused, "trace_s": self.trace_s}
 
     @staticmethod
     def from_dict(data: dict) -> "StepTuning":
         return StepTuning(StepChoice(**data["choice"]), data.get("measured", []), data.get("reasons", {}),
-                          data.get("seconds", 0.0), data.get("reused", False))
+                          data.get("seconds", 0.0), data.get("reused", False), data.get("trace_s", 0.0))
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ def tune_step(model, dataset, *, batch_size: int, total_steps: int, pinned: dict
     key = cache_key(model, batch_size, device, f"{json.dumps(pinned, sort_keys=True)} {dataset.element_spec}")
     cached = _read_cache(cache_dir, key)
     if cached is not None:
-        cached.reused, cached.seconds = True, 0.0
+        cached.reused, cached.seconds, cached.trace_s = True, 0.0, 0.0
         return apply_choice(model, cached.choice, rebuild), cached
     from hpml.components.trainer.model_state import restored_afterwards
 
@@ -209,7 +211,8 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
         while value <= min(max_steps_per_execution, max(1, total_steps)):
             spe_values.append(value)
             value *= 2
-    trace_s = _warm(model, iterator, spe_values[0])
+    trace_s = tuning.trace_s = _warm(model, iterator, spe_values[0])
+    sweep_started = time.perf_counter()
     rates: dict[int, float] = {}
     for _ in range(2):  # two interleaved rounds, best of each: this machine's noise hits every value alike
         best_so_far, flat = 0.0, 0
@@ -221,6 +224,10 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
             best_so_far = max(best_so_far, rates[value])
             if flat >= 2:
                 break
+        # A second round only where the training is long enough to pay for it.
+        predicted = total_steps * batch_size / max(rates.values())
+        if time.perf_counter() - sweep_started > max(MIN_SWEEP_S, measure_budget_s(predicted) / 2):
+            break
     best = max(rates.values())
     spe = min(value for value, rate in rates.items() if rate >= (1 - WITHIN) * best)
     tuning.measured += [{"steps_per_execution": v, "jit_compile": False, "precision": FLOAT32,
@@ -261,7 +268,6 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
             continue
         if precision == FLOAT32:
             rate = _measure_on(model, iterator, batch_size, spe, jit)
-            model.jit_compile = False
         else:
             rate, differences[precision] = _measure_policy(precision_check, iterator, rebuild, precision, spe, jit,
                                                            batch_size)
@@ -278,9 +284,10 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
         # float32 without XLA unless a costly knob is clearly faster
         base = allowed.get((False, FLOAT32))
         jit, precision = best_key if base is None or allowed[best_key] > (1 + WITHIN) * base else (False, FLOAT32)
-    model.jit_compile = False
-    model._steps_per_execution.assign(max(spe, 2))
-    model.make_train_function(force=True)  # back to the looping float32 function measured first
+    if any(key[0] and key[1] == FLOAT32 for key in results):  # XLA was switched on to measure it: switch it off
+        model.jit_compile = False
+        model._steps_per_execution.assign(max(spe, 2))
+        model.make_train_function(force=True)
     choice = StepChoice(spe, jit, precision)
     _explain(tuning, choice, results, differences, skipped, budget, predicted, compile_s, why)
     return choice, tuning, results.get((jit, precision), fastest)
@@ -445,7 +452,8 @@ def tune_training_step(model, dataset, fn_args, hyperparameters: dict, *, strate
         tf.io.gfile.makedirs(fn_args.model_run_dir)
         with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, TUNED_STEP_FILE), "w") as handle:
             handle.write(json.dumps(tuning.to_dict(), indent=2))
-    how = "reused for this model, data and device" if tuning.reused else f"measured in {tuning.seconds:.1f} s"
+    how = "reused for this model, data and device" if tuning.reused else \
+        f"measured in {tuning.seconds:.1f} s, {tuning.trace_s:.1f} s of it tracing the step that training reuses"
     log.info("training step: %s (%s; the run report gives the reason for each choice)", tuning.choice.describe(),
              how)
     for knob, reason in tuning.reasons.items():
