@@ -191,12 +191,17 @@ def render(data: dict) -> str:
     penguin = data.get("penguin") or []
     if penguin:
         shares = [p["tuning_s"] / p["trainer_s"] for p in penguin]
-        extra = [(p["tuning_s"] - p["trace_s"]) / p["trainer_s"] for p in penguin]
-        lines += ["", f"Measuring in `hpml run penguin` (10 epochs, empty cache), {len(penguin)} runs: "
-                      + ", ".join(f"{p['tuning_s']:.2f} s ({p['trace_s']:.2f} s of it tracing the step, which "
-                                  f"training reuses) of a {p['trainer_s']:.1f} s Trainer" for p in penguin)
-                      + f"; median share {median(shares):.1%}, or {median(extra):.1%} without the trace that "
-                        "training would have done anyway."]
+        if all("trace_s" in p for p in penguin):
+            extra = [(p["tuning_s"] - p["trace_s"]) / p["trainer_s"] for p in penguin]
+            lines += ["", f"Measuring in `hpml run penguin` (10 epochs, empty cache), {len(penguin)} runs: "
+                          + ", ".join(f"{p['tuning_s']:.2f} s ({p['trace_s']:.2f} s of it tracing the step, which "
+                                      f"training reuses) of a {p['trainer_s']:.1f} s Trainer" for p in penguin)
+                          + f"; median share {median(shares):.1%}, or {median(extra):.1%} without the trace that "
+                            "training would have done anyway."]
+        else:  # a run from before the record said how much of the measuring was the trace
+            lines += ["", f"Measuring in `hpml run penguin` (10 epochs, empty cache), {len(penguin)} runs: "
+                          + ", ".join(f"{p['tuning_s']:.2f} s of a {p['trainer_s']:.1f} s Trainer" for p in penguin)
+                          + f"; median share {median(shares):.1%}."]
     lines += ["", "Grid: examples/s per point (steps_per_execution, XLA, precision).", ""]
     for name, s in data["models"].items():
         grid = {k[5:]: v for k, v in s.items() if k.startswith("grid ") and k != "grid best"}
