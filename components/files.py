@@ -132,6 +132,14 @@ def glob(pattern: str) -> list[str]:
     return sorted(_gfile().glob(pattern) if is_url(pattern) else _glob.glob(pattern))
 
 
+def rename(source: str, target: str) -> None:
+    """Move one file, replacing `target`; on an object store that is a copy and a delete."""
+    if is_url(source) or is_url(target):
+        _gfile().rename(source, target, overwrite=True)
+    else:
+        os.replace(source, target)
+
+
 def rmtree(path: str) -> None:
     """Remove a folder and everything in it; nothing happens if it is not there."""
     if is_url(path):

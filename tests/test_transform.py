@@ -98,15 +98,16 @@ def test_a_required_feature_whose_column_is_empty_is_named_as_such(tmp_path, pen
 
 
 def test_features_left_with_one_value_are_named(tmp_path, penguin_csv, caplog):
-    """One bill length of 3e38 overflows its column's statistics, and every z-score of it came out 0: the
-    run trained on without the feature and said nothing. A constant column is named too."""
+    """One bill length of 3e38 overflows its column's statistics where tf.Transform merges those of two batches,
+    and every z-score of it came out 0: the run trained on without the feature and said nothing. A constant column
+    is named too. The rows are repeated so that the train split spans more than one batch."""
     from hpml.components.example_gen import EXAMPLE_GEN
 
     lines = open(penguin_csv, encoding="utf-8").read().splitlines()
     header = lines[0].split(",")
     length, mass = header.index("bill_length_mm"), header.index("body_mass_g")
     rows = [line.split(",") for line in lines[1:]]
-    full = [row for row in rows if "NA" not in row]
+    full = [list(row) for _ in range(40) for row in rows if "NA" not in row]
     for row in full:
         row[mass] = "4000"
     full[0][length] = "3e38"

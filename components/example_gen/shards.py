@@ -15,11 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hpml.components import artifacts
-
-# zlib level 1: about 4x the speed of the default 6 on tf.Examples, whose repeated keys compress well at any level
-# (benchmarks/results/scale.md measures both); readers accept any level.
-GZIP_LEVEL = 1
+from hpml.components import artifacts, tfrecords
 
 
 def bucket_bounds(buckets: Sequence[int]) -> np.ndarray:
@@ -60,23 +56,15 @@ class ShardWriters:
     (Beam commits them only for a bundle that succeeds)."""
 
     def __init__(self, examples_dir: str, splits: Sequence[str], item: int, items: int):
-        import tensorflow as tf
-
-        options = tf.io.TFRecordOptions(compression_type="GZIP", compression_level=GZIP_LEVEL)
-        self._writers, self._splits = [], list(splits)
-        for split in splits:
-            path = shard_path(examples_dir, split, item, items)
-            tf.io.gfile.makedirs(os.path.dirname(path))
-            self._writers.append(tf.io.TFRecordWriter(path, options))
+        self._writers = [tfrecords.Writer(shard_path(examples_dir, split, item, items)) for split in splits]
+        self._splits = list(splits)
         self.counts = [0] * len(splits)
 
     def write(self, records: pa.Array, split_of: np.ndarray) -> None:
         for index, writer in enumerate(self._writers):
             chosen = records.filter(pa.array(split_of == index)) if len(self._writers) > 1 else records
             self.counts[index] += len(chosen)
-            write = writer.write
-            for record in chosen.to_pylist():  # each write is one C++ call: framing, CRC32C and zlib
-                write(record)
+            writer.write(chosen.to_pylist())
 
     def __enter__(self) -> "ShardWriters":
         return self

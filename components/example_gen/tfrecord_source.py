@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hpml.components import tfrecords
 from hpml.components.errors import InputDataError, op_error_message
 from hpml.components.example_gen import shards
 from hpml.components.example_gen.csv_chunks import item_name
@@ -157,10 +158,9 @@ class WriteTFRecordExamples(beam.DoFn):
 
         decoder = example_coder.ExamplesToRecordBatchDecoder()
         compression = "GZIP" if is_gzip(path) else ""
-        dataset = tf.data.TFRecordDataset(path, compression_type=compression).batch(BATCH_RECORDS)
         done = 0
         try:
-            for records in dataset.as_numpy_iterator():
+            for records in tfrecords.read_batches(path, BATCH_RECORDS, compression):
                 batch = None
                 try:
                     batch = decoder.DecodeBatch(records.tolist())

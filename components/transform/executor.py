@@ -1,7 +1,8 @@
 """Transform executor: analyze the train split with tf.Transform, transform every split.
 
 Writes the TransformGraph in TFX layout (transform_fn/, transformed_metadata/, metadata/),
-GZIP transformed examples per split, and the InputPipeline spec.
+GZIP transformed examples per split, and the InputPipeline spec. Examples are read, decoded, encoded and written
+a batch at a time in native code (example_io), so that Beam handles thousands of elements, not millions.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from hpml.components import artifacts, files
 from hpml.components.beam_utils import make_pipeline, run_pipeline
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.example_gen.schema_inference import is_empty_column, read_schema
-from hpml.components.transform import tuning
+from hpml.components.transform import example_io, tuning
 from hpml.components.user_module import failing_line, load_function
 
 log = logging.getLogger(__name__)
@@ -188,7 +189,6 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     import tensorflow_transform as tft
     import tensorflow_transform.beam as tft_beam
     from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
-    from tfx_bsl.coders import example_coder
     from tfx_bsl.public import tfxio
 
     schema_file = artifacts.schema_path(inputs["schema"])
@@ -201,12 +201,11 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         if name not in splits:
             raise SpecError(f"Transform: analyze split {name!r} is not in the examples ({', '.join(splits)})")
 
-    patterns = {split: artifacts.examples_file_pattern(inputs["examples"], split) for split in splits}
-    for split, pattern in patterns.items():
-        artifacts.require_files(pattern, f"Examples split {split}")  # every shard there, and whole, before any work
-
-    def source(split: str):
-        return tfxio.TFExampleRecord(file_pattern=patterns[split], schema=schema, telemetry_descriptors=["hpml"])
+    # every shard there, and whole, before any work
+    shards = {split: artifacts.require_files(artifacts.examples_file_pattern(inputs["examples"], split),
+                                             f"Examples split {split}") for split in splits}
+    tensor_adapter_config = tfxio.TFExampleRecord(
+        file_pattern=shards[splits[0]], schema=schema, telemetry_descriptors=["hpml"]).TensorAdapterConfig()
 
     with artifacts.publish(outputs["transform_graph"]) as graph_dir, \
             artifacts.publish(outputs["transformed_examples"]) as examples_dir, \
@@ -215,42 +214,34 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
             dataset_metadata.DatasetMetadata(schema), os.path.join(graph_dir, tft.TFTransformOutput.RAW_METADATA_DIR)
         )
         pipeline = make_pipeline(params["beam_pipeline_args"])
-        with tft_beam.Context(temp_dir=os.path.join(graph_dir, ".tft_tmp")):
-            analyze_sources = [source(s) for s in params["analyze_splits"]]
+        scratch = os.path.join(graph_dir, ".tft_tmp")
+        with tft_beam.Context(temp_dir=scratch):
             analyze_data = [
-                pipeline | f"Read[{s}]ForAnalysis" >> src.BeamSource()
-                for s, src in zip(params["analyze_splits"], analyze_sources)
+                pipeline | f"Read[{s}]ForAnalysis" >> example_io.ReadExampleBatches(shards[s], schema)
+                for s in params["analyze_splits"]
             ] | "FlattenAnalysis" >> beam.Flatten()
             transform_fn = (
-                analyze_data,
-                analyze_sources[0].TensorAdapterConfig(),
-            ) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
+                (analyze_data, tensor_adapter_config) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn))
             _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph_dir)
             ranges = []
             for split in splits:
-                src = source(split)
+                raw = pipeline | f"Read[{split}]" >> example_io.ReadExampleBatches(shards[split], schema)
                 transformed, _ = (
-                    (pipeline | f"Read[{split}]" >> src.BeamSource(), src.TensorAdapterConfig()),
-                    transform_fn,
-                ) | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True)
-                ranges.append(transformed | f"Ranges[{split}]" >> beam.Map(
-                    lambda batch, split=split: {split: _numeric_ranges(batch[0])}))
-                _ = (
-                    transformed
-                    | f"Encode[{split}]" >> beam.FlatMap(lambda batch: example_coder.RecordBatchToExamples(batch[0]))
-                    | f"Write[{split}]" >> beam.io.WriteToTFRecord(
-                        os.path.join(
-                            artifacts.split_dir(examples_dir, split), artifacts.TRANSFORMED_EXAMPLES_FILE_PREFIX
-                        ),
-                        file_name_suffix=artifacts.TFRECORD_GZ_SUFFIX,
-                    )
-                )
-            ranges_path = os.path.join(graph_dir, ".tft_tmp", "feature_ranges.json")
+                    ((raw, tensor_adapter_config), transform_fn)
+                    | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True))
+                batches = transformed | f"Batches[{split}]" >> beam.Map(lambda batch: batch[0])
+                ranges.append(batches | f"Ranges[{split}]" >> beam.Map(
+                    lambda batch, split=split: {split: _numeric_ranges(batch)}))
+                prefix = os.path.join(artifacts.split_dir(examples_dir, split),
+                                      artifacts.TRANSFORMED_EXAMPLES_FILE_PREFIX)
+                _ = batches | f"Write[{split}]" >> example_io.WriteExampleShards(
+                    prefix, os.path.join(scratch, "written", split))
+            ranges_path = os.path.join(scratch, "feature_ranges.json")
             _ = (ranges | "FlattenRanges" >> beam.Flatten() | "FeatureRanges" >> beam.CombineGlobally(_FeatureRanges())
                  | "WriteRanges" >> beam.Map(_write_json, ranges_path))
             run_pipeline(pipeline)
         ranges = json.loads(files.read_text(ranges_path))
-        _remove_scratch(os.path.join(graph_dir, ".tft_tmp"))
+        _remove_scratch(scratch)
         artifacts.record_shard_sizes(examples_dir)
         analyzed = list(params["analyze_splits"])
         _check_finite(ranges, analyzed + [split for split in splits if split not in analyzed])

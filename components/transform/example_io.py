@@ -1,0 +1,110 @@
+"""Transform's Beam reading and writing of tf.Examples, a batch of records per element.
+
+Reading: one element per file; each is read by tf.data and decoded by tfx_bsl's C++ decoder into the RecordBatches
+that tf.Transform takes. Writing: each bundle encodes its transformed batches with tfx_bsl's C++ encoder into a
+temporary file of its own; once every bundle is done, the files that committed bundles wrote are renamed to the
+artifact's shard names, so a retried bundle leaves nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Iterator
+
+import apache_beam as beam
+import pyarrow as pa
+
+from hpml.components import artifacts, files, tfrecords
+from hpml.components.errors import InputDataError, op_error_message
+
+# Records per RecordBatch: tf.Transform runs its graph once per batch, so larger batches spend less per record
+# on each call, up to where the batch stops fitting the CPU's caches.
+BATCH_RECORDS = 8192
+
+
+class _DecodeFile(beam.DoFn):
+    def __init__(self, schema, records: int):
+        self._schema, self._records = schema.SerializeToString(), records
+
+    def setup(self):
+        from tfx_bsl.coders import example_coder
+
+        self._decoder = example_coder.ExamplesToRecordBatchDecoder(self._schema)
+
+    def process(self, path: str) -> Iterator[pa.RecordBatch]:
+        import tensorflow as tf
+
+        done = 0
+        try:
+            for records in tfrecords.read_batches(path, self._records):
+                yield self._decoder.DecodeBatch(records.tolist())
+                done += len(records)
+        except tf.errors.DataLossError as err:
+            raise InputDataError(f"{path}: corrupted TFRecord after about {done} records "
+                                 f"({op_error_message(err)})", hint="run the component that wrote it again") from None
+        except RuntimeError as err:  # the C++ decoder: not a tf.Example, or a feature of another kind than the schema's
+            raise InputDataError(f"{path}: records {done + 1} to {done + self._records}: {err}",
+                                 hint="the examples do not match the schema; run ExampleGen again") from None
+
+
+@beam.ptransform_fn
+def ReadExampleBatches(pipeline, shards: list[str], schema, records: int = BATCH_RECORDS):  # noqa: N802 - Beam style
+    """PCollection[pa.RecordBatch] of the tf.Examples in `shards`, decoded by `schema`, as tfxio's TFExampleRecord
+    decodes them."""
+    return (pipeline
+            | "Shards" >> beam.Create(sorted(shards))
+            | "Spread" >> beam.Reshuffle()
+            | "Decode" >> beam.ParDo(_DecodeFile(schema, records)))
+
+
+class _WriteBundle(beam.DoFn):
+    """Encodes each RecordBatch to tf.Examples and writes them to one temporary file per bundle; yields its path."""
+
+    def __init__(self, temp_dir: str):
+        self._temp_dir = temp_dir
+
+    def start_bundle(self):
+        self._writer, self._path = None, None
+
+    def process(self, batch: pa.RecordBatch) -> None:
+        from tfx_bsl.coders import example_coder
+
+        if self._writer is None:
+            self._path = os.path.join(self._temp_dir, f"{uuid.uuid4().hex}{artifacts.TFRECORD_GZ_SUFFIX}")
+            self._writer = tfrecords.Writer(self._path)
+        self._writer.write(example_coder.RecordBatchToExamples(batch))
+
+    def finish_bundle(self):
+        from apache_beam.transforms import window
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        if self._writer is not None:
+            self._writer.close()
+            yield WindowedValue(self._path, window.GlobalWindow().max_timestamp(), [window.GlobalWindow()])
+
+
+def _publish(written: list[str], prefix: str) -> list[str]:
+    """Renames the committed bundles' files to `{prefix}-{i:05d}-of-{n:05d}.gz`; no file at all becomes one empty
+    shard, so that every split has one."""
+    written = sorted(written)
+    files.makedirs(os.path.dirname(prefix))
+    if not written:
+        path = f"{prefix}-00000-of-00001{artifacts.TFRECORD_GZ_SUFFIX}"
+        tfrecords.Writer(path).close()
+        return [path]
+    names = []
+    for index, path in enumerate(written):
+        name = f"{prefix}-{index:05d}-of-{len(written):05d}{artifacts.TFRECORD_GZ_SUFFIX}"
+        files.rename(path, name)
+        names.append(name)
+    return names
+
+
+@beam.ptransform_fn
+def WriteExampleShards(batches, prefix: str, temp_dir: str):  # noqa: N802 - Beam style
+    """Writes PCollection[pa.RecordBatch] as GZIP TFRecord shards `{prefix}-*-of-*.gz` of tf.Examples; files are
+    first written under `temp_dir`, which the caller removes. Yields the list of shard paths."""
+    return (batches
+            | "Encode" >> beam.ParDo(_WriteBundle(temp_dir))
+            | "Committed" >> beam.combiners.ToList()
+            | "Publish" >> beam.Map(_publish, prefix))
