@@ -59,6 +59,20 @@ def make_pipeline(beam_pipeline_args: Sequence[str] | None, input_bytes: int = 0
     return beam.Pipeline(options=PipelineOptions(args))
 
 
+def ship_by_value(fn) -> None:
+    """Has Beam pickle the module that defines `fn` by value when that module was loaded from a file (a
+    module_file): Beam's worker processes could not import it by the name it was loaded under."""
+    import sys
+
+    from apache_beam.internal.cloudpickle import cloudpickle
+
+    from hpml.components.user_module import FILE_MODULE_PREFIX
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is not None and getattr(module, "__file__", None) and module.__name__.startswith(FILE_MODULE_PREFIX):
+        cloudpickle.register_pickle_by_value(module)
+
+
 def run_pipeline(pipeline: beam.Pipeline):
     """Run to completion; an HpmlError raised inside a DoFn keeps its own clean message."""
     try:

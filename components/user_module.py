@@ -11,6 +11,9 @@ from typing import Callable
 
 from hpml.components.errors import SpecError
 
+# The name prefix of every module loaded from a file: `hpml_user_{stem}_{digest}`.
+FILE_MODULE_PREFIX = "hpml_user_"
+
 
 def load_file(path: str, what: str = "user module"):
     """The module a .py file defines, loaded by path as TFX loads a module_file.
@@ -24,7 +27,7 @@ def load_file(path: str, what: str = "user module"):
     with open(path, "rb") as handle:
         digest = hashlib.sha256(path.encode() + b"\0" + handle.read()).hexdigest()[:10]
     stem = os.path.splitext(os.path.basename(path))[0]
-    mod_name = f"hpml_user_{stem}_{digest}"
+    mod_name = f"{FILE_MODULE_PREFIX}{stem}_{digest}"
     if mod_name not in sys.modules:
         spec = importlib.util.spec_from_file_location(mod_name, path)
         loaded = importlib.util.module_from_spec(spec)

@@ -47,10 +47,15 @@ def _workers_started(log: str) -> int:
 
 def test_example_gen_and_transform_in_two_beam_processes_write_the_in_process_output(tmp_path, penguin_csv, caplog,
                                                                                       gcs, monkeypatch):
-    """ExampleGen is given its Beam args; Transform, given none, takes the deployment's (HPML_BEAM_PIPELINE_ARGS)."""
+    """ExampleGen is given its Beam args; Transform, given none, takes the deployment's (HPML_BEAM_PIPELINE_ARGS).
+    In two processes, Transform's module is a file, as `hpml init` writes one: the workers cannot import it by name,
+    so its code travels with the pickled functions."""
+    from hpml.examples.penguin import module as penguin_module
+
     runs = {}
-    for name, args, root in (("in_process", [], str(tmp_path)),
-                             ("two_processes", TWO_PROCESSES, f"{gcs.root}/{tmp_path.name}")):
+    for name, args, root, module in (
+            ("in_process", [], str(tmp_path), "hpml.examples.penguin.module"),
+            ("two_processes", TWO_PROCESSES, f"{gcs.root}/{tmp_path.name}", penguin_module.__file__)):
         gen = {"examples": f"{root}/{name}/examples", "schema": f"{root}/{name}/schema"}
         transform = {key: f"{root}/{name}/{key}" for key in ("transform_graph", "transformed_examples",
                                                             "input_pipeline")}
@@ -60,7 +65,7 @@ def test_example_gen_and_transform_in_two_beam_processes_write_the_in_process_ou
             gen_log = caplog.text
             caplog.clear()
             monkeypatch.setenv("HPML_BEAM_PIPELINE_ARGS", " ".join(args))
-            TRANSFORM.run(gen, transform, {"module": "hpml.examples.penguin.module"})
+            TRANSFORM.run(gen, transform, {"module": module})
             runs[name] = (gen, transform, gen_log, caplog.text)
     (gen, transform, *logs), (gen2, transform2, *logs2) = runs["in_process"], runs["two_processes"]
     assert [_workers_started(log) >= 2 for log in logs2] == [True, True], "no worker processes"

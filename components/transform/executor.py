@@ -16,7 +16,7 @@ import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from hpml.components import artifacts, files
-from hpml.components.beam_utils import make_pipeline, run_pipeline
+from hpml.components.beam_utils import make_pipeline, run_pipeline, ship_by_value
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.example_gen.schema_inference import is_empty_column, read_schema
 from hpml.components.transform import example_io, tuning
@@ -194,7 +194,9 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     schema_file = artifacts.schema_path(inputs["schema"])
     schema = read_schema(schema_file)
     _check_required_features(schema, list(params["required_features"]), schema_file)
-    preprocessing_fn = _guarded(load_function(params["module"], params["preprocessing_fn"]), schema)
+    user_fn = load_function(params["module"], params["preprocessing_fn"])
+    ship_by_value(user_fn)
+    preprocessing_fn = _guarded(user_fn, schema)
 
     splits = artifacts.list_splits(inputs["examples"])
     for name in params["analyze_splits"]:
