@@ -49,10 +49,15 @@ def write_input_pipeline(file_pattern: str, schema, artifact_dir: str, params: M
     if unprofiled:
         breakdown = {"recommendation": f"No per-stage breakdown: {unprofiled}."}
     else:
-        # get_model_proto reads tf.data's autotuning model, which exists only with autotune on.
-        one_pass = input_pipeline.build_dataset(dataclasses.replace(spec, autotune=True), [file_pattern], schema,
-                                                shuffle=True, num_epochs=1, seed=0)
-        batches = -(-PROFILED_SAMPLES * params["profile_sample_records"] // params["batch_size"])
+        # get_model_proto reads tf.data's autotuning model, which exists only with autotune on. The shuffle window
+        # is cut to the profiled records: the tuned one grows with the data (an eighth of it in the first epoch),
+        # and filling it would read and hold that much before the first profiled batch.
+        sample = PROFILED_SAMPLES * params["profile_sample_records"]
+        window = min(spec.first_epoch_window or spec.shuffle_buffer, sample)
+        profiled = dataclasses.replace(spec, autotune=True, shuffle_buffer=min(spec.shuffle_buffer, window),
+                                       first_epoch_window=window)
+        one_pass = input_pipeline.build_dataset(profiled, [file_pattern], schema, shuffle=True, num_epochs=1, seed=0)
+        batches = -(-sample // params["batch_size"])
         breakdown = stages.write_breakdown(stages.profile_pipeline(one_pass, max_elements=batches), artifact_dir)
     for decision in spec.decisions:
         log.debug("input pipeline: %s = %s (%s)", decision["what"], decision["value"], decision["why"])
