@@ -22,6 +22,9 @@ BEAM_ARGS_ENV = "HPML_BEAM_PIPELINE_ARGS"
 # about 1M rows (170 MB of CSV) in 11 s, so two pay from roughly 1-2M rows; 512 MB (about 3M rows) is well past
 # that. benchmarks/results/scale.md has both variants at each size.
 LOCAL_PARALLEL_BYTES = 512 << 20
+# The same for Transform, whose input is GZIP tf.Examples (about 110 bytes a row of the benchmark's 21 columns):
+# two workers took 0.96x the time of one on 1M rows (109 MB), 0.63x on 10M rows (1.1 GB), so from 256 MB.
+TRANSFORM_PARALLEL_BYTES = 256 << 20
 
 _BEAM_CONTEXT = re.compile(r"\s*\[while running '[^']*'\]")
 
@@ -45,12 +48,14 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def make_pipeline(beam_pipeline_args: Sequence[str] | None, input_bytes: int = 0) -> beam.Pipeline:
+def make_pipeline(beam_pipeline_args: Sequence[str] | None, input_bytes: int = 0,
+                  parallel_from: int | None = None) -> beam.Pipeline:
     """A Beam pipeline on the in-process runner unless the args name another runner (which they do unchanged).
     A component given no args takes the deployment's (`HPML_BEAM_PIPELINE_ARGS`); given none either, an input of
-    `input_bytes` >= LOCAL_PARALLEL_BYTES runs on one worker process per core."""
+    `input_bytes` >= `parallel_from` (default LOCAL_PARALLEL_BYTES) runs on one worker process per core."""
     args = list(beam_pipeline_args or deployment_args())
-    if not args and input_bytes >= LOCAL_PARALLEL_BYTES and _cores() > 1:
+    parallel_from = LOCAL_PARALLEL_BYTES if parallel_from is None else parallel_from
+    if not args and input_bytes >= parallel_from and _cores() > 1:
         args = ["--direct_running_mode=multi_processing", f"--direct_num_workers={_cores()}"]
         log.info("Beam: %.0f MB of input, so one worker process per core (%d); give beam_pipeline_args or %s to "
                  "choose otherwise", input_bytes / 1e6, _cores(), BEAM_ARGS_ENV)

@@ -118,7 +118,7 @@ def test_large_input_runs_on_a_worker_process_per_core_unless_args_say_otherwise
     assert mode([], large) == ("in_memory", 1), "one core: no worker processes"
 
 
-def test_example_gen_on_large_input_takes_the_worker_processes_and_writes_the_in_process_output(
+def test_example_gen_and_transform_on_large_input_take_the_worker_processes(
         tmp_path, penguin_csv, caplog, monkeypatch):
     from hpml.components import beam_utils
 
@@ -137,3 +137,15 @@ def test_example_gen_on_large_input_takes_the_worker_processes_and_writes_the_in
     assert _workers_started(outputs["in_process"]["log"]) == 0
     for split in ("train", "eval"):
         assert _records(outputs["default"]["examples"], split) == _records(outputs["in_process"]["examples"], split)
+    # Transform has a threshold of its own, on the bytes of its examples.
+    monkeypatch.setattr(beam_utils, "TRANSFORM_PARALLEL_BYTES", 1)
+    transformed = {key: str(tmp_path / "transform" / key) for key in ("transform_graph", "transformed_examples",
+                                                                      "input_pipeline")}
+    with caplog.at_level(logging.INFO):
+        caplog.clear()
+        TRANSFORM.run({key: outputs["default"][key] for key in ("examples", "schema")}, transformed,
+                      {"module": "hpml.examples.penguin.module"})
+    assert _workers_started(caplog.text) >= 2
+    assert "one worker process per core (2)" in caplog.text
+    assert len(_records(transformed["transformed_examples"], "train")) == len(_records(outputs["default"]["examples"],
+                                                                                       "train"))

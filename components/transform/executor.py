@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from hpml.components import artifacts, files
+from hpml.components import artifacts, beam_utils, files
 from hpml.components.beam_utils import make_pipeline, run_pipeline, ship_by_value
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.example_gen.schema_inference import is_empty_column, read_schema
@@ -215,7 +215,9 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         metadata_io.write_metadata(
             dataset_metadata.DatasetMetadata(schema), os.path.join(graph_dir, tft.TFTransformOutput.RAW_METADATA_DIR)
         )
-        pipeline = make_pipeline(params["beam_pipeline_args"])
+        pipeline = make_pipeline(params["beam_pipeline_args"], sum(files.size(path) for split in splits
+                                                                  for path in shards[split]),
+                                 parallel_from=beam_utils.TRANSFORM_PARALLEL_BYTES)
         scratch = os.path.join(graph_dir, ".tft_tmp")
         with tft_beam.Context(temp_dir=scratch):
             analyze_data = [
