@@ -1,6 +1,7 @@
 """Transform's batch reading and writing of tf.Examples: decoded as tfxio decodes, written whole and once."""
 import gzip
 import os
+import re
 
 import apache_beam as beam
 import pyarrow as pa
@@ -121,3 +122,18 @@ def test_records_that_do_not_match_the_schema_are_named(penguin_outputs, tmp_pat
     _ = pipeline | example_io.ReadExampleBatches([str(other)], schema)
     with pytest.raises(InputDataError, match=rf"{other}: records 1 to 8192: .*body_mass_g"):
         run_pipeline(pipeline)
+
+
+def test_a_long_read_logs_its_progress(penguin_outputs, caplog, monkeypatch):
+    from hpml.components.example_gen import progress
+
+    _, schema, shards = _penguin_examples(penguin_outputs)
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)
+    pipeline = make_pipeline([])
+    _ = pipeline | example_io.ReadExampleBatches(shards, schema, records=50)
+    with caplog.at_level("INFO", logger=example_io.log.name):
+        run_pipeline(pipeline)
+    counts = [int(m.group(1)) for r in caplog.records
+              if (m := re.fullmatch(rf"Transform: {re.escape(shards[0])}: read: (\d+) records in \d+ s, [\d,]+ records/s",
+                                    r.getMessage()))]
+    assert counts == list(range(50, counts[-1], 50)) + [counts[-1]] and counts[-1] > 200, caplog.text

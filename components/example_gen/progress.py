@@ -20,12 +20,14 @@ PROGRESS_EVERY_S = 15.0
 
 
 class Progress:
-    """Logs how far a long ExampleGen stage is, at most every PROGRESS_EVERY_S: what it has done so far, its
-    rate and, where `share` can tell, the share of the whole. A large input otherwise runs for minutes with no
-    line in the task log. Called once a chunk of rows, so a look at the clock costs nothing."""
+    """Logs how far a long stage of a component (ExampleGen unless told) is, at most every PROGRESS_EVERY_S: what
+    it has done so far, its rate and, where `share` can tell, the share of the whole. A large input otherwise runs
+    for minutes with no line in the task log. Called once a chunk of rows, so a look at the clock costs nothing."""
 
-    def __init__(self, what: str, unit: str, share: Callable[[], float] | None = None):
+    def __init__(self, what: str, unit: str, share: Callable[[], float] | None = None, *,
+                 component: str = "ExampleGen", logger: logging.Logger = log):
         self._what, self._unit, self._share = what, unit, share
+        self._component, self._log = component, logger
         self._start = self._last = time.monotonic()
 
     def __call__(self, done: int) -> None:
@@ -35,8 +37,8 @@ class Progress:
         self._last = now
         share = f" ({100 * min(self._share(), 1.0):.0f}%)" if self._share else ""
         seconds = max(now - self._start, 1e-9)
-        log.info("ExampleGen: %s: %s %s%s in %.0f s, %s %s/s", self._what, f"{done:,}", self._unit, share,
-                 seconds, f"{done / seconds:,.0f}", self._unit)
+        self._log.info("%s: %s: %s %s%s in %.0f s, %s %s/s", self._component, self._what, f"{done:,}", self._unit,
+                       share, seconds, f"{done / seconds:,.0f}", self._unit)
 
 
 class SkippedRows:

@@ -7,6 +7,7 @@ artifact's shard names, so a retried bundle leaves nothing behind.
 """
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from typing import Iterator
@@ -16,6 +17,9 @@ import pyarrow as pa
 
 from hpml.components import artifacts, files, tfrecords
 from hpml.components.errors import InputDataError, op_error_message
+from hpml.components.example_gen.progress import Progress
+
+log = logging.getLogger(__name__)
 
 # Records per RecordBatch: tf.Transform runs its graph once per batch, so larger batches spend less per record
 # on each call, up to where the batch stops fitting the CPU's caches.
@@ -35,10 +39,12 @@ class _DecodeFile(beam.DoFn):
         import tensorflow as tf
 
         done = 0
+        progress = Progress(f"{path}: read", "records", component="Transform", logger=log)
         try:
             for records in tfrecords.read_batches(path, self._records):
                 yield self._decoder.DecodeBatch(records.tolist())
                 done += len(records)
+                progress(done)
         except tf.errors.DataLossError as err:
             raise InputDataError(f"{path}: corrupted TFRecord after about {done} records "
                                  f"({op_error_message(err)})", hint="run the component that wrote it again") from None
