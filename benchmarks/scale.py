@@ -177,7 +177,8 @@ def _one_repeat(csv: str, module: str, workdir: str, with_tfx: bool, variants=VA
             tfx = _run([TFX_PYTHON, "-W", "ignore", os.path.join(HERE, "tfx_scale.py"), csv, module, folders["tfx"]])
             tfx["components"]["ExampleGen"] = tfx["components"].pop("CsvExampleGen")
             runs["tfx"] = {"seconds": sum(tfx["components"].values()), "peak_rss_mib": tfx["peak_rss_mib"],
-                           "process_s": tfx["total_s"], "cpu_s": tfx["cpu_s"], **{f"{k}_s": v for k, v in tfx["components"].items()}}
+                           "process_s": tfx["total_s"], "cpu_s": tfx["cpu_s"],
+                           **{f"{k}_s": v for k, v in tfx["components"].items()}}
     finally:
         for folder in folders.values():
             shutil.rmtree(folder, ignore_errors=True)

@@ -133,7 +133,6 @@ def test_a_long_read_logs_its_progress(penguin_outputs, caplog, monkeypatch):
     _ = pipeline | example_io.ReadExampleBatches(shards, schema, records=50)
     with caplog.at_level("INFO", logger=example_io.log.name):
         run_pipeline(pipeline)
-    counts = [int(m.group(1)) for r in caplog.records
-              if (m := re.fullmatch(rf"Transform: {re.escape(shards[0])}: read: (\d+) records in \d+ s, [\d,]+ records/s",
-                                    r.getMessage()))]
+    line = rf"Transform: {re.escape(shards[0])}: read: (\d+) records in \d+ s, [\d,]+ records/s"
+    counts = [int(m.group(1)) for r in caplog.records if (m := re.fullmatch(line, r.getMessage()))]
     assert counts == list(range(50, counts[-1], 50)) + [counts[-1]] and counts[-1] > 200, caplog.text

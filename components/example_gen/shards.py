@@ -3,8 +3,8 @@ work item and split.
 
 The split hashes each record (or its partition feature's values) with FarmHash Fingerprint64 in one TF op over a
 whole batch (`tf.strings.to_hash_bucket_fast`). TFX's ExampleGen hashes with SHA-256, one record at a time in
-Python, so the two put a given record in the same split only by chance; the ratios are the same. Shards are named `data_tfrecord-{item}-of-{items}.gz` by work
-item, so a retried item rewrites its own files and nothing else.
+Python, so the two put a given record in the same split only by chance; the ratios are the same. Shards are named
+`data_tfrecord-{item}-of-{items}.gz` by work item, so a retried item rewrites its own files and nothing else.
 """
 from __future__ import annotations
 

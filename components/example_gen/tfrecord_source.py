@@ -213,7 +213,8 @@ class WriteTFRecordExamples(beam.DoFn):
             elif self._skip:
                 self._skipped.skip(f"{path}: record {index}", problem)
             else:
-                raise InputDataError(f"{path}: record {index}: {problem}", hint="fix the file, or set skip_bad_rows=true")
+                raise InputDataError(f"{path}: record {index}: {problem}",
+                                     hint="fix the file, or set skip_bad_rows=true")
         return good
 
     def _partition_keys(self, records: pa.Array, batch: pa.RecordBatch | None, path: str,
