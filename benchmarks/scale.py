@@ -229,8 +229,12 @@ def main() -> None:
 
 def _chain(size: dict, kind: str) -> float | None:
     """Seconds of ingestion and preprocessing: hpml's ExampleGen + Transform, or TFX's four components."""
-    if kind == "hpml":
-        return size["examplegen"]["seconds"] + size["transform"]["seconds"]
+    if kind == "hpml":  # ExampleGen as it runs by default at this size: in worker processes from 512 MB of CSV
+        from hpml.components.beam_utils import LOCAL_PARALLEL_BYTES
+
+        default = "examplegen-2proc" if size["csv_bytes"] >= LOCAL_PARALLEL_BYTES and "examplegen-2proc" in size \
+            else "examplegen"
+        return size[default]["seconds"] + size["transform"]["seconds"]
     return size["tfx"]["seconds"] if "tfx" in size else None
 
 
@@ -239,13 +243,15 @@ def render(data: dict) -> str:
     lines = ["# Ingestion and preprocessing at scale", "",
              f"Machine: {m['cpus']} cores, {m['platform']}, Python {m['python']}, {m['date']}. Medians of the "
              "repeats shown; each variant runs in a process of its own and its peak RSS is that process's. Times are "
-             "the components' own (TFX's from MLMD), without starting the process and importing TensorFlow. "
+             "the components' own (TFX's from MLMD), without starting the process and importing TensorFlow; CPU s is "
+             "the CPU time of the variant's whole process tree, start-up, imports and Beam worker processes included, "
+             "which other work on the machine inflates far less than wall time. "
              "Data: `benchmarks/scale_data.py` (16 numeric columns, 4 text columns, a binary label); both sides "
              "run the module `hpml init` wrote for it. [Plot](scale.png).",
              *(["", f"**{data['note']}**"] if data.get("note") else []), "",
              "## hpml ExampleGen + Transform against TFX 1.16's CsvExampleGen, StatisticsGen, SchemaGen and Transform",
-             "", "| rows | CSV MB | repeats | hpml s | hpml rows/s | TFX s | TFX / hpml | hpml peak RSS MiB "
-                 "(ExampleGen, Transform) | TFX peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]
+             "", "| rows | CSV MB | repeats | hpml s (default ExampleGen + Transform) | hpml rows/s | TFX s | TFX / hpml "
+                 "| hpml peak RSS MiB (ExampleGen, Transform) | TFX peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]
     for rows, size in data["sizes"].items():
         hpml, tfx = _chain(size, "hpml"), _chain(size, "tfx")
         lines.append(
@@ -254,14 +260,15 @@ def render(data: dict) -> str:
             f"{size['examplegen']['peak_rss_mib']:.0f}, {size['transform']['peak_rss_mib']:.0f} | "
             f"{_cell(size.get('tfx', {}).get('peak_rss_mib'), '.0f')} |")
     lines += ["", "## Per component", "",
-              "| rows | variant | seconds | rows/s | peak RSS MiB | detail |", "|---|---|---|---|---|---|"]
+              "| rows | variant | seconds | rows/s | CPU s | peak RSS MiB | detail |", "|---|---|---|---|---|---|---|"]
     for rows, size in data["sizes"].items():
         for kind in VARIANTS:
             if kind not in size:
                 continue
             stats = size[kind]
+            cpu = f"{stats['cpu_s']:.0f}" if "cpu_s" in stats else ""
             lines.append(f"| {int(rows):,} | {kind} | {stats['seconds']:.1f} | {int(rows) / stats['seconds']:,.0f} | "
-                         f"{stats['peak_rss_mib']:.0f} | {_detail(kind, size)} |")
+                         f"{cpu} | {stats['peak_rss_mib']:.0f} | {_detail(kind, size)} |")
     sizes = list(data["sizes"].items())
     steps = []
     for (small_rows, small), (large_rows, large) in zip(sizes, sizes[1:]):
@@ -269,8 +276,9 @@ def render(data: dict) -> str:
                            for kind in ("examplegen", "transform", "run", "tfx") if kind in small and kind in large)
         steps.append(f"from {int(small_rows):,} to {int(large_rows):,} rows: {growth}")
     if steps:
-        lines += ["", f"Peak RSS {'; '.join(steps)}. The 2-process ExampleGen's RSS is its driver's; Beam's worker "
-                      "processes are not counted."]
+        lines += ["", f"Peak RSS {'; '.join(steps)}. Where Beam ran worker processes (examplegen-2proc, and "
+                      "Transform from 256 MB of examples, here at 10M rows), the RSS is the driver's; the workers' "
+                      "is not counted."]
     return "\n".join(lines) + "\n"
 
 
