@@ -250,8 +250,10 @@ def render(data: dict) -> str:
              "run the module `hpml init` wrote for it. [Plot](scale.png).",
              *(["", f"**{data['note']}**"] if data.get("note") else []), "",
              "## hpml ExampleGen + Transform against TFX 1.16's CsvExampleGen, StatisticsGen, SchemaGen and Transform",
-             "", "| rows | CSV MB | repeats | hpml s (default ExampleGen + Transform) | hpml rows/s | TFX s | TFX / hpml "
-                 "| hpml peak RSS MiB (ExampleGen, Transform) | TFX peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]
+             "",
+             "| rows | CSV MB | repeats | hpml s (default ExampleGen + Transform) | hpml rows/s | TFX s | TFX / hpml "
+             "| hpml peak RSS MiB (ExampleGen, Transform) | TFX peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for rows, size in data["sizes"].items():
         hpml, tfx = _chain(size, "hpml"), _chain(size, "tfx")
         lines.append(
