@@ -38,7 +38,7 @@ class _DecodeFile(beam.DoFn):
     def process(self, path: str) -> Iterator[pa.RecordBatch]:
         import tensorflow as tf
 
-        done = 0
+        done, records = 0, ()
         progress = Progress(f"{path}: read", "records", component="Transform", logger=log)
         try:
             for records in tfrecords.read_batches(path, self._records):
@@ -49,7 +49,7 @@ class _DecodeFile(beam.DoFn):
             raise InputDataError(f"{path}: corrupted TFRecord after about {done} records "
                                  f"({op_error_message(err)})", hint="run the component that wrote it again") from None
         except RuntimeError as err:  # the C++ decoder: not a tf.Example, or a feature of another kind than the schema's
-            raise InputDataError(f"{path}: records {done + 1} to {done + self._records}: {err}",
+            raise InputDataError(f"{path}: records {done + 1} to {done + len(records)}: {err}",
                                  hint="the examples do not match the schema; run ExampleGen again") from None
 
 
