@@ -87,6 +87,11 @@ class _WriteBundle(beam.DoFn):
         if self._writer is not None:
             self._writer.close()
             yield WindowedValue(self._path, window.GlobalWindow().max_timestamp(), [window.GlobalWindow()])
+            self._writer = None
+
+    def teardown(self):
+        if self._writer is not None:  # a failed bundle: stop its writer's thread; its file is never published
+            self._writer.close()
 
 
 def _publish(written: list[str], prefix: str) -> list[str]:
