@@ -161,6 +161,8 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
     if pipeline:
         tags.append(RunTag("hpml.input_pipeline", pipeline["recommendation"]))
         tags += [RunTag(f"input_pipeline.{k}", str(v)) for k, v in pipeline["decisions"].items()]
+    if properties.get("input_cache"):  # the Trainer read its data once: later than Transform's, this tag wins
+        tags.append(RunTag("input_pipeline.cache", properties["input_cache"]))
     distillation = properties.get("distillation")
     if distillation:
         tags += [RunTag(f"{metric_prefix}distillation.{k}", str(v)) for k, v in distillation.items()]

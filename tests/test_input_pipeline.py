@@ -624,3 +624,37 @@ def test_trainer_names_a_corrupt_transformed_shard(penguin_outputs, tmp_path, da
     with pytest.raises(InputDataError, match=f"{named}.*{victim.name}"):
         TRAINER.run(inputs, outputs, {"module": "hpml.examples.penguin.module", "hyperparameters": {"epochs": 1}})
     assert not os.path.exists(outputs["model"]), "a failed Trainer publishes nothing"
+
+
+def _cache_ops(dataset) -> list[str]:
+    import tensorflow as tf
+
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    return [node.op for node in graph.node if "Cache" in node.op or "Snapshot" in node.op]
+
+
+def test_a_trainer_of_one_epoch_caches_nothing(penguin_outputs, tmp_path):
+    """A cache pays only when the data is read again; for one epoch it would only hold every row, in memory that
+    grows with the data. More epochs keep the tuned cache."""
+    from tfx_bsl.public import tfxio
+
+    from hpml.components.input_pipeline import read_spec
+    from hpml.components.trainer import TRAINER
+    from hpml.components.trainer.fn_args import make_data_accessor
+
+    tuned = penguin_outputs["Transform"]["input_pipeline"]
+    assert read_spec(tuned).cache == "memory"
+    schema = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"]).transformed_metadata.schema
+    pattern = [os.path.join(penguin_outputs["Transform"]["transformed_examples"], "Split-train", "*.gz")]
+    endless = tfxio.TensorFlowDatasetOptions(batch_size=8, label_key="species", num_epochs=None, shuffle=True)
+    ops = {epochs: _cache_ops(make_data_accessor(tuned, epochs=epochs).tf_dataset_factory(pattern, endless, schema))
+           for epochs in (1, 2, None)}
+    assert ops == {1: [], 2: ["CacheDatasetV2"], None: ["CacheDatasetV2"]}
+
+    inputs = {"examples": penguin_outputs["Transform"]["transformed_examples"], "input_pipeline": tuned,
+              "transform_graph": penguin_outputs["Transform"]["transform_graph"],
+              "schema": penguin_outputs["ExampleGen"]["schema"]}
+    result = TRAINER.run(inputs, {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")},
+                         {"module": "hpml.examples.penguin.module", "hyperparameters": {"epochs": 1}})
+    assert result["input_cache"] == "none (one epoch reads the data once; tuned: memory)"
+    assert result["history"] and len(result["history"]) == 1

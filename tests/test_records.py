@@ -92,6 +92,20 @@ def test_constant_features_reach_the_run_record_summary_and_report():
         report.collect(run_id), {})
 
 
+def test_the_cache_the_trainer_used_replaces_the_tuned_one_in_the_record_and_report():
+    from hpml.pipelines import report
+
+    run_id = records.start("record_test", "run-cache", {"epochs": 1}, {})
+    pipeline = {"recommendation": "Slowest stage: read", "decisions": {"cache": "memory", "prefetch": 2}}
+    records.log_node(run_id, "Transform", {}, {"input_pipeline": pipeline}, seconds=1.0)
+    used = "none (one epoch reads the data once; tuned: memory)"
+    records.log_node(run_id, "Trainer", {}, {"input_cache": used}, seconds=1.0)
+    records.finish(run_id)
+    tags = records.client().get_run(run_id).data.tags
+    assert (tags["input_pipeline.cache"], tags["input_pipeline.prefetch"]) == (used, "2")
+    assert used in report.render(report.collect(run_id), {})
+
+
 def test_a_failed_node_records_the_error_and_the_epochs_that_finished():
     from hpml.pipelines import report
 

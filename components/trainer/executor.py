@@ -16,7 +16,7 @@ from hpml.components.trainer.distill import mode as distill_mode
 from hpml.components.input_pipeline import read_spec
 from hpml.components.input_pipeline.shards import explain_read_error
 from hpml.components.input_pipeline.stall import STALL_FILE
-from hpml.components.trainer.fn_args import FnArgs, input_pipeline_data_accessor, tfxio_data_accessor
+from hpml.components.trainer.fn_args import FnArgs, for_epochs, input_pipeline_data_accessor, tfxio_data_accessor
 from hpml.components.trainer.launchers import remote
 from hpml.components.trainer.progress_state import progress_dir, working_dir_for
 from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
@@ -83,7 +83,11 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
 
     skipped_shards: dict[str, str] = {}
     spec = read_spec(inputs["input_pipeline"]) if inputs.get("input_pipeline") else None
-    data_accessor = input_pipeline_data_accessor(spec, skipped_shards) if spec else tfxio_data_accessor()
+    input_cache = _input_cache(spec, params)
+    if input_cache:
+        log.info("input pipeline cache: %s", input_cache)
+    data_accessor = (input_pipeline_data_accessor(spec, skipped_shards, params["hyperparameters"].get("epochs"))
+                     if spec else tfxio_data_accessor())
     working_dir = working_dir_for(outputs["model"])
     files.makedirs(working_dir)
     launch = None
@@ -136,8 +140,16 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     files.rmtree(working_dir)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
             "launch": launch, "input_stall": input_stall, "tuned_step": tuned_step,
-            "skipped_shards": sorted(skipped_shards),
+            "skipped_shards": sorted(skipped_shards), "input_cache": input_cache,
             "distillation": distillation.to_dict() if distillation else None}
+
+
+def _input_cache(spec, params) -> str | None:
+    """The cache the training data went through, where it is not the one Transform tuned (see `for_epochs`)."""
+    if spec is None:
+        return None
+    used = for_epochs(spec, params["hyperparameters"].get("epochs")).cache
+    return None if used == spec.cache else f"{used} (one epoch reads the data once; tuned: {spec.cache})"
 
 
 def _run_in_process(run_fn, fn_args: FnArgs, compression: str) -> None:

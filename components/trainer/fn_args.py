@@ -29,13 +29,25 @@ def tfxio_data_accessor() -> DataAccessor:
     return DataAccessor(tf_dataset_factory, record_batch_factory, None)
 
 
-def input_pipeline_data_accessor(spec, skipped_shards: dict | None = None) -> DataAccessor:
-    """A DataAccessor whose tf.data datasets are built by the tuned InputPipeline spec.
+def for_epochs(spec, epochs: int | None):
+    """The tuned spec for a Trainer that runs `epochs` epochs. One epoch reads the training data once, so nothing
+    is cached: a cache would be filled and never read, and it grows with the data (about 90 bytes a row parsed)."""
+    if epochs == 1 and spec.cache != "none":
+        import dataclasses
+
+        return dataclasses.replace(spec, cache="none")
+    return spec
+
+
+def input_pipeline_data_accessor(spec, skipped_shards: dict | None = None, epochs: int | None = None) -> DataAccessor:
+    """A DataAccessor whose tf.data datasets are built by the tuned InputPipeline spec (see `for_epochs`).
 
     TFX's TensorFlowDatasetOptions map onto `build_dataset`; record batches still come from
     TFXIO. Shards skipped as corrupt are added to `skipped_shards`.
     """
     from hpml.components.input_pipeline import build_dataset
+
+    spec = for_epochs(spec, epochs)
 
     def tf_dataset_factory(file_pattern, dataset_options, schema=None):
         if schema is None:
@@ -83,7 +95,7 @@ def distinct_worker_shuffles(accessor: DataAccessor) -> DataAccessor:
 
 
 def make_data_accessor(input_pipeline_dir: str | None, skipped_shards: dict | None = None,
-                       strategy: str | None = None) -> DataAccessor:
+                       strategy: str | None = None, epochs: int | None = None) -> DataAccessor:
     """The tuned accessor when an InputPipeline artifact is wired in, else TFX's TFXIO one.
 
     Under parameter_server its shuffled datasets take a seed drawn on each worker.
@@ -93,7 +105,7 @@ def make_data_accessor(input_pipeline_dir: str | None, skipped_shards: dict | No
     else:
         from hpml.components.input_pipeline import read_spec
 
-        accessor = input_pipeline_data_accessor(read_spec(input_pipeline_dir), skipped_shards)
+        accessor = input_pipeline_data_accessor(read_spec(input_pipeline_dir), skipped_shards, epochs)
     return distinct_worker_shuffles(accessor) if strategy == "parameter_server" else accessor
 
 

@@ -56,7 +56,8 @@ def main(job_path: str) -> int:
         fields["eval_model_dir"] = os.path.join(scratch, "eval")
         files.makedirs(fields["model_run_dir"])
         # working_dir stays shared: every worker's BackupAndRestore must see the chief's backup.
-    accessor = make_data_accessor(fields["custom_config"].get("input_pipeline_dir"), strategy=job["strategy"])
+    accessor = make_data_accessor(fields["custom_config"].get("input_pipeline_dir"), strategy=job["strategy"],
+                                  epochs=fields["hyperparameters"].get("epochs"))
     fn_args = FnArgs(**fields, data_accessor=accessor)
     load_function(job["module"], job["run_fn"])(fn_args)
     return 0
