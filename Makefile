@@ -97,11 +97,13 @@ bench-input: env
 	$(VENV)/bin/python benchmarks/input_peers.py
 
 # hpml's ExampleGen + Transform against TFX 1.16's chain on generated CSVs of 100k, 1M and 10M rows (TFX up to 1M),
-# with ExampleGen's one-core limit (about an hour on 2 cores).
+# with ExampleGen's one-core limit (about an hour on 2 cores); then Transform's phases at 1M and 10M rows (about 20
+# minutes).
 bench-scale: env
 	@test -n "$(PYTHON310)" || { echo "bench-scale needs a Python 3.10 for TFX 1.16 (set PYTHON310)" >&2; exit 1; }
 	@$(MAKE) --no-print-directory $(TFX_VENV)/.synced
 	$(VENV)/bin/python benchmarks/scale.py
+	$(VENV)/bin/python benchmarks/transform_phases.py
 
 # The tuned training step against Keras's defaults, Keras's "auto" and an exhaustive grid (about 25 minutes on 2 cores).
 bench-step: env
