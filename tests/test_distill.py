@@ -132,3 +132,31 @@ def test_bad_teachers_are_refused_before_training(tmp_path):
     assert len(check_teachers([str(tmp_path / "good")], 3, sample)) == 1
     with pytest.raises(SpecError, match="temperature must be positive"):
         Distiller(_student(), [good], temperature=0)
+
+
+def test_under_mixed_float16_the_distiller_scales_its_loss_so_small_gradients_survive():
+    """Inputs of 1e-4 and output weights of 1e-3 make first-layer gradients of about 1e-8, below float16's smallest
+    number: unscaled, the step would leave those weights as they were. Scaled, it moves them as float32 does
+    (tolerance: float16's rounding, 2e-2 relative)."""
+    LEARNING_RATE = 1e4  # noqa: N806
+    rng = np.random.default_rng(3)
+    x, y = (1e-4 * rng.uniform(1, 2, size=(16, 5))).astype("float32"), rng.integers(0, 3, size=16)
+    outputs = (1e-3 * np.sign(rng.normal(size=(8, 3)))).astype("float32")
+    moved = {}
+    for policy in ("float32", "mixed_float16"):
+        tf_keras.mixed_precision.set_global_policy(policy)
+        try:
+            tf_keras.utils.set_random_seed(0)
+            student = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="tanh", input_shape=(5,)),
+                                           tf_keras.layers.Dense(3, dtype="float32")])
+            student.layers[1].kernel.assign(outputs)
+            distiller = Distiller(student, [_teacher()], temperature=2.0, alpha=0.5)
+            distiller.compile(tf_keras.optimizers.SGD(LEARNING_RATE))  # updates well above float32's resolution
+            before = student.layers[0].kernel.numpy()
+            distiller.train_on_batch(x, y)
+            moved[policy] = (student.layers[0].kernel.numpy() - before) / LEARNING_RATE  # the gradient
+        finally:
+            tf_keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(distiller.optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+    assert 1e-10 < np.abs(moved["float32"]).max() < 6e-8, "the gradients are below float16's range"
+    np.testing.assert_allclose(moved["mixed_float16"], moved["float32"], rtol=2e-2, atol=1e-11)

@@ -224,9 +224,14 @@ def test_distill_on_mirrored_replicas_equals_one_device_and_teachers_on_the_fly(
     cache = outputs["SoftTargets"]["examples"]
     runs = {}
     for name, extra in [("one", {}), ("mirrored", {"strategy": "mirrored"})]:
-        props = TRAINER.run(_trainer_inputs(outputs, examples=cache), trainer_outputs(tmp_path, name),
-                            _distill_params(**extra))
+        params = _distill_params(**extra)
+        # The tuned step may pick bfloat16 on one side and not the other; the subject here is the strategy.
+        params["hyperparameters"].update(precision="float32", jit_compile=False)
+        props = TRAINER.run(_trainer_inputs(outputs, examples=cache), trainer_outputs(tmp_path, name), params)
         assert props["distillation"]["soft_targets"] == "precomputed"
+        step = props["tuned_step"]  # the example tunes its step; the pinned knobs are kept
+        assert step["choice"]["precision"] == "float32" and step["choice"]["jit_compile"] is False
+        assert step["reasons"]["precision"] == "pinned in hyperparameters" and step["choice"]["steps_per_execution"] >= 1
         runs[name] = props
     from hpml.components.trainer.strategies import make_strategy
 

@@ -63,7 +63,8 @@ def build_mlp(hidden: list[int], activation: str, dropout: float):
         x = tf_keras.layers.Dense(units, activation=activation)(x)
         if dropout:
             x = tf_keras.layers.Dropout(dropout)(x)
-    return tf_keras.Model({"pixels": pixels}, tf_keras.layers.Dense(NUM_CLASSES, name="logits")(x))
+    # float32 logits whatever the policy: under a mixed policy the losses stay in full precision
+    return tf_keras.Model({"pixels": pixels}, tf_keras.layers.Dense(NUM_CLASSES, name="logits", dtype="float32")(x))
 
 
 def _dataset(fn_args, files, schema, batch_size, seed, shuffle, num_epochs=1):
@@ -84,7 +85,7 @@ def run_fn(fn_args):
 
     from hpml.v1 import (build_distiller, distillation_config, distillation_schema, epoch_size, export_serving_model,
                          make_strategy, resume_training_data, standard_callbacks, student_for_serving,
-                         write_eval_metrics)
+                         tune_training_step, write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -97,29 +98,42 @@ def run_fn(fn_args):
 
     batch, epochs = int(hp["batch_size"]), int(hp["epochs"])
     evaluation = _dataset(fn_args, fn_args.eval_files, schema, batch, hp["seed"], False)
-    train = _dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], True, None)
-    if hp["shift_augment"]:
-        train = train.map(lambda f, y: _shift_batch(f, y, int(hp["seed"])))
-    train = resume_training_data(train, fn_args)  # a resumed run reads on from where its backup was taken
+
+    def training_data():
+        train = _dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], True, None)
+        return train.map(lambda f, y: _shift_batch(f, y, int(hp["seed"]))) if hp["shift_augment"] else train
+
+    train = resume_training_data(training_data(), fn_args)  # a resumed run reads on from where its backup was taken
     steps, examples = fn_args.train_steps, None
     if not steps:
         steps, examples = epoch_size(_dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], False))
-    with strategy.scope():
-        student = build_mlp(list(hp["hidden"]), hp["activation"], float(hp["dropout"]))
-        if distillation:
-            model = build_distiller(student, distillation, next(iter(evaluation))[0])
-            model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]))
-        else:
-            model = student
-            model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]),
-                          loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          metrics=["accuracy"])
+
+    def build():  # the model to fit, compiled; built again by the step tuner under a mixed policy, if it measures one
+        with strategy.scope():
+            student = build_mlp(list(hp["hidden"]), hp["activation"], float(hp["dropout"]))
+            if distillation:
+                model = build_distiller(student, distillation, next(iter(evaluation))[0])
+                model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]))
+            else:
+                model = student
+                model.compile(optimizer=tf_keras.optimizers.Adam(hp["learning_rate"]),
+                              loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                              metrics=["accuracy"])
+        return model
+
     os.makedirs(fn_args.model_run_dir, exist_ok=True)
+    # steps_per_execution, XLA and precision, measured for this model on this machine (or pinned in hp), on a twin
+    # of the training data: reading `train` itself would move its shuffle order on
+    model = tune_training_step(build(), training_data(), fn_args, hp, strategy_name=strategy_name,
+                               steps_per_epoch=steps, epochs=epochs, batch_size=batch, rebuild=build,
+                               save_freq=config.get("backup_save_freq", "epoch"))
+    student = model.student if distillation else model
+    eval_steps = fn_args.eval_steps or epoch_size(evaluation)[0]  # several steps per call need validation's count
     callbacks = standard_callbacks(fn_args, strategy_name, batch, epochs, config.get("backup_save_freq", "epoch"),
                                    examples_per_epoch=examples)
     model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=evaluation,
-              validation_steps=fn_args.eval_steps, callbacks=callbacks, verbose=0)
-    results = model.evaluate(evaluation, steps=fn_args.eval_steps, verbose=0, return_dict=True)
+              validation_steps=eval_steps, callbacks=callbacks, verbose=0)
+    results = model.evaluate(evaluation, steps=eval_steps, verbose=0, return_dict=True)
     write_eval_metrics(fn_args.model_run_dir, dict(results, params=student.count_params()))
     export_serving_model(student_for_serving(student), tft_output, fn_args.serving_model_dir,
                          LABEL_KEY, class_names=CLASS_NAMES)

@@ -63,8 +63,16 @@ class Distiller(tf_keras.Model):
             # Each replica's loss is a mean over its share of the batch and apply_gradients sums
             # across replicas, so scale by 1/replicas to take the mean over the global batch.
             scaled = loss / tf.distribute.get_strategy().num_replicas_in_sync
+            # Under mixed_float16 compile wraps the optimizer to scale the loss, so that small float16 gradients
+            # do not flush to zero; a custom step has to ask for it.
+            loss_scaling = isinstance(self.optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+            if loss_scaling:
+                scaled = self.optimizer.get_scaled_loss(scaled)
         variables = self.student.trainable_variables
-        self.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
+        gradients = tape.gradient(scaled, variables)
+        if loss_scaling:
+            gradients = self.optimizer.get_unscaled_gradients(gradients)
+        self.optimizer.apply_gradients(zip(gradients, variables))
         self.loss_tracker.update_state(loss)
         self.accuracy.update_state(y, logits)
         return {m.name: m.result() for m in self.metrics}

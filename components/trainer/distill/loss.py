@@ -12,8 +12,9 @@ _EPS = 1e-7
 
 
 def soften(probabilities, temperature: float):
-    """Re-temper a model's output probabilities: softmax(log p / T) (log p are logits up to a constant)."""
-    logits = tf.math.log(tf.clip_by_value(probabilities, _EPS, 1.0))
+    """Re-temper a model's output probabilities: softmax(log p / T) (log p are logits up to a constant). In float32,
+    whatever precision the teacher computes in: 1e-7 is below float16's and bfloat16's resolution near 1."""
+    logits = tf.math.log(tf.clip_by_value(tf.cast(probabilities, tf.float32), _EPS, 1.0))
     return tf.nn.softmax(logits / temperature, axis=-1)
 
 
@@ -31,7 +32,9 @@ def kl_divergence(p, q):
 
 
 def distillation_loss(labels, student_logits, soft_targets, temperature: float, alpha: float):
-    """Mean over the batch of (1 - a) * CE(labels, softmax(z)) + a * T^2 * KL(soft_targets || softmax(z / T))."""
+    """Mean over the batch of (1 - a) * CE(labels, softmax(z)) + a * T^2 * KL(soft_targets || softmax(z / T)),
+    computed in float32 under any precision policy."""
+    student_logits, soft_targets = tf.cast(student_logits, tf.float32), tf.cast(soft_targets, tf.float32)
     hard = tf_keras.losses.sparse_categorical_crossentropy(labels, student_logits, from_logits=True)
     soft = kl_divergence(soft_targets, tf.nn.softmax(student_logits / temperature, axis=-1))
     return tf.reduce_mean((1.0 - alpha) * hard + alpha * temperature ** 2 * soft)
