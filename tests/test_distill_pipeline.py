@@ -231,7 +231,8 @@ def test_distill_on_mirrored_replicas_equals_one_device_and_teachers_on_the_fly(
         assert props["distillation"]["soft_targets"] == "precomputed"
         step = props["tuned_step"]  # the example tunes its step; the pinned knobs are kept
         assert step["choice"]["precision"] == "float32" and step["choice"]["jit_compile"] is False
-        assert step["reasons"]["precision"] == "pinned in hyperparameters" and step["choice"]["steps_per_execution"] >= 1
+        assert step["reasons"]["precision"] == "pinned in hyperparameters"
+        assert step["choice"]["steps_per_execution"] >= 1
         runs[name] = props
     from hpml.components.trainer.strategies import make_strategy
 
