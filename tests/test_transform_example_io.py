@@ -136,3 +136,19 @@ def test_a_long_read_logs_its_progress(penguin_outputs, caplog, monkeypatch):
     line = rf"Transform: {re.escape(shards[0])}: read: (\d+) records in \d+ s, [\d,]+ records/s"
     counts = [int(m.group(1)) for r in caplog.records if (m := re.fullmatch(line, r.getMessage()))]
     assert counts == list(range(50, counts[-1], 50)) + [counts[-1]] and counts[-1] > 200, caplog.text
+
+
+def test_the_writer_of_a_failed_bundle_stops_when_the_next_bundle_starts(tmp_path):
+    """A bundle that fails never reaches finish_bundle; its writer's thread must not outlive it."""
+    write = example_io._WriteBundle(str(tmp_path))
+    batch = pa.RecordBatch.from_pydict({"x": pa.array([[1.0], [2.0]], pa.list_(pa.float32()))})
+    write.start_bundle()
+    write.process(batch)
+    thread = write._writer._thread
+    assert thread.is_alive()
+    write.start_bundle()  # the retry, on the same DoFn instance
+    assert not thread.is_alive() and write._writer is None
+    write.process(batch)
+    paths = list(write.finish_bundle())
+    write.teardown()
+    assert len(paths) == 1 and len(list(tf.data.TFRecordDataset(paths[0].value, compression_type="GZIP"))) == 2

@@ -7,6 +7,7 @@ artifact's shard names, so a retried bundle leaves nothing behind.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -68,9 +69,18 @@ class _WriteBundle(beam.DoFn):
 
     def __init__(self, temp_dir: str):
         self._temp_dir = temp_dir
+        self._writer = None
+
+    def _abandon(self) -> None:
+        """Stops the writer of a bundle that failed (its file is never published), so its thread does not linger."""
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            with contextlib.suppress(OSError):
+                writer.close()
 
     def start_bundle(self):
-        self._writer, self._path = None, None
+        self._abandon()
+        self._path = None
 
     def process(self, batch: pa.RecordBatch) -> None:
         from tfx_bsl.coders import example_coder
@@ -90,8 +100,7 @@ class _WriteBundle(beam.DoFn):
             self._writer = None
 
     def teardown(self):
-        if self._writer is not None:  # a failed bundle: stop its writer's thread; its file is never published
-            self._writer.close()
+        self._abandon()
 
 
 def _publish(written: list[str], prefix: str) -> list[str]:
