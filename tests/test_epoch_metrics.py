@@ -46,7 +46,7 @@ def test_throughput_and_step_time_leave_validation_out(tmp_path, caplog):
 
 
 def test_a_small_loss_is_not_shown_as_zero():
-    from hpml.components.trainer.callbacks import _shown
+    from hpml.components.trainer.callbacks.epoch_metrics import shown as _shown
 
     shown = [_shown("loss", v) for v in (0.0117, 0.00014, 1.2e-5, 0.0, float("nan"))]
     assert shown == ["0.0117", "1.400e-04", "1.200e-05", "0.0000", "nan"]  # 0.00014 read as "0.0001"

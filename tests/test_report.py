@@ -150,7 +150,7 @@ def test_log_lines_print_above_the_bar_and_a_failed_fit_leaves_no_bar_behind():
     import tf_keras
     from rich.console import Console
 
-    from hpml.components.trainer import callbacks
+    from hpml.components.trainer.callbacks import terminal_progress as callbacks
     from hpml.components.trainer.executor import _run_in_process
 
     out = io.StringIO()
