@@ -175,7 +175,7 @@ def test_hpml_init_then_hpml_run_trains_a_classifier_that_serves(tmp_path):
     assert [c.decode() for c in out["classes"].numpy()] == ["small", "large"]
 
 
-def test_a_generated_regression_pipeline_runs_locally_and_its_dag_file_loads(tmp_path, monkeypatch):
+def test_a_generated_regression_pipeline_runs_locally_and_its_dag_file_loads(tmp_path, monkeypatch, airflow_db):
     """More columns, an empty column and a real-valued label; the run goes through hpml.v1 as a notebook would,
     and Airflow's DagBag imports the DAG file that init wrote into a dags_folder."""
     import tensorflow as tf
