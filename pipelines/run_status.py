@@ -1,14 +1,17 @@
 """Where a run is now, as plain data: each component's state, the Trainer's live progress (steps, epochs, ETA, the
-loss so far, restarts), the report once written, and how to open the run in MLflow and TensorBoard.
+loss so far, restarts, the input stall), the report once written, and how to open the run in MLflow and TensorBoard.
 
 Read from the run record and the files the Trainer rewrites while it trains; the Airflow plugin serves it to the
 Report view, which redraws from it every few seconds.
 """
 from __future__ import annotations
 
+import os
 
 from hpml.components import files
-from hpml.components.trainer.progress_state import progress_dir, read_progress, read_restarts, working_dir_for
+from hpml.components.input_pipeline.stall import STALL_FILE, describe_stall
+from hpml.components.trainer.progress_state import (progress_dir, read_json, read_progress, read_restarts,
+                                                    working_dir_for)
 from hpml.pipelines import records
 from hpml.pipelines.report import report_path
 from hpml.pipelines.runner import output_uri
@@ -48,7 +51,11 @@ def _training(run_dir: str, node: str) -> dict | None:
     progress = read_progress(directory)
     if progress is None:
         return None
-    return {**progress, "restarts": read_restarts(directory)}
+    live = {**progress, "restarts": read_restarts(directory)}
+    stall = read_json(os.path.join(directory, STALL_FILE))  # measured once the first epoch is over
+    if stall:
+        live["input_stall"] = {"fraction": stall["stall_fraction"], "text": describe_stall(stall)}
+    return live
 
 
 def mlflow_link(summary, experiment_id: str) -> str | None:

@@ -508,7 +508,7 @@ def run_fn(fn_args):
     """Train the model under the planned strategy and export it for serving raw tf.Examples."""
     import tf_keras
 
-    from hpml.v1 import (CoordinatorValidation, epoch_size, export_serving_model, make_strategy, record_input_stall,
+    from hpml.v1 import (CoordinatorValidation, InputStallProbe, epoch_size, export_serving_model, make_strategy,
                          record_pipeline_schedule, resume_training_data, standard_callbacks,
                          tune_training_step, write_classification_report, write_eval_metrics)
 
@@ -565,10 +565,11 @@ def run_fn(fn_args):
                                    save_freq=config.get("backup_save_freq", "epoch"))
         if eval_steps is None:  # several steps per call need the number of steps up front, validation's too
             eval_steps = epoch_size(evaluation)[0]
+        # The share of a step that waits on input, measured on the twin once the first epoch is over: the run's
+        # live view shows it while the rest trains
+        callbacks.append(InputStallProbe(twin, fn_args, steps_per_epoch=steps))
         model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
                   validation_steps=eval_steps, callbacks=callbacks, verbose=0)
-        if strategy_name != "multi_worker_mirrored":  # workers would have to time their steps in lockstep
-            record_input_stall(model, train, fn_args.model_run_dir, steps=min(30, 2 * steps))
     if strategy_name == "gpipe":
         record_pipeline_schedule(model, next(iter(evaluation)), fn_args.model_run_dir)
     results = model.evaluate(evaluation, steps=eval_steps, verbose=0, return_dict=True)

@@ -225,6 +225,9 @@ def test_the_report_view_shows_training_advance_a_killed_worker_resume_then_the_
         time.sleep(0.2)
     assert _epoch(view) >= 3, "training runs before the kill"
     view.locator('svg[aria-label="loss per epoch"]').wait_for()
+    stall = view.locator('[data-fact="input stall"]').inner_text()  # measured at the end of the first epoch
+    assert stall.endswith("%") and 0 <= float(stall[:-1]) < 100, stall
+    assert view.locator("#input-stall").inner_text().startswith("Input stall: "), "in plain words, live"
     page.screenshot(path=SHOTS / "05-report-view-training.png")
     workers = _worker_pids(run_id)
     assert sorted(workers) == ["worker-0", "worker-1"], workers

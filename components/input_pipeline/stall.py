@@ -101,15 +101,22 @@ def describe_stall(result: dict) -> str:
     return f"{text} The pipeline is slower than the model; the stage breakdown names where its time goes."
 
 
-def record_input_stall(model, dataset, model_run_dir: str, steps: int = 30) -> dict:
-    """Measure the stall and write it where the Trainer collects it for the run record."""
+def record_input_stall(model, dataset, model_run_dir: str, steps: int = 30,
+                       progress_directory: str | None = None, warmup: int = WARMUP_STEPS) -> dict:
+    """Measure the stall and write it where the Trainer collects it for the run record (and, given the run's
+    progress directory, beside its live progress). `warmup` steps are read untimed first."""
     import json
     import logging
     import os
 
-    result = measure_input_stall(model, dataset, steps)
+    result = measure_input_stall(model, dataset, steps, warmup=warmup)
     from hpml.components import files
 
-    files.write_text(os.path.join(model_run_dir, STALL_FILE), json.dumps(result, indent=2))
+    text = json.dumps(result, indent=2)
+    files.write_text(os.path.join(model_run_dir, STALL_FILE), text)
+    if progress_directory:
+        from hpml.components.trainer.progress_state import write_json
+
+        write_json(os.path.join(progress_directory, STALL_FILE), result)
     logging.getLogger("hpml.trainer").info("%s", describe_stall(result))
     return result

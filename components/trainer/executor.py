@@ -136,6 +136,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         eval_metrics = _read_json(os.path.join(run_dir, artifacts.EVAL_METRICS_FILE)) or {}
         gpipe = _read_json(os.path.join(run_dir, artifacts.GPIPE_RECORD_FILE))
         input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
+        if input_stall is None:  # measured before an Airflow retry, whose model_run starts empty
+            input_stall = _read_json(os.path.join(progress_dir(working_dir), STALL_FILE))
+            if input_stall is not None:
+                files.write_text(os.path.join(run_dir, STALL_FILE), json.dumps(input_stall, indent=2))
         tuned_step = _read_json(os.path.join(run_dir, TUNED_STEP_FILE))
     files.rmtree(working_dir)
     return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,

@@ -37,7 +37,7 @@ def write_json(path: str, state) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: str):
+def read_json(path: str):
     try:
         return json.loads(files.read_text(path))
     except (OSError, ValueError):
@@ -45,11 +45,11 @@ def _read_json(path: str):
 
 
 def read_progress(directory: str) -> dict | None:
-    return _read_json(os.path.join(directory, PROGRESS_FILE))
+    return read_json(os.path.join(directory, PROGRESS_FILE))
 
 
 def read_restarts(directory: str) -> list[dict]:
-    return _read_json(os.path.join(directory, RESTARTS_FILE)) or []
+    return read_json(os.path.join(directory, RESTARTS_FILE)) or []
 
 
 def record_restart(directory: str, restarts: int, reason: str, alone: str | None = None) -> None:

@@ -49,6 +49,7 @@ _EXPORTS = {
     "resume_training_data": "hpml.components.trainer.resume:resume_training_data",
     "CoordinatorValidation": "hpml.components.trainer.callbacks:CoordinatorValidation",
     "record_input_stall": "hpml.components.input_pipeline.stall:record_input_stall",
+    "InputStallProbe": "hpml.components.input_pipeline.stall_probe:InputStallProbe",
     "tune_training_step": "hpml.components.trainer.step_tuning:tune_training_step",
     "export_serving_model": "hpml.components.trainer.export:export_serving_model",
     "write_eval_metrics": "hpml.components.trainer.export:write_eval_metrics",

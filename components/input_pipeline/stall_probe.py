@@ -1,0 +1,38 @@
+"""A callback that measures the input stall once the first epoch is over, so a run shows it while it trains."""
+from __future__ import annotations
+
+import tf_keras
+
+from hpml.components.input_pipeline.stall import WARMUP_STEPS, record_input_stall
+
+# An epoch of at most this many steps is read once, untimed, before the stall is timed: the timed steps then read
+# a warm cache, as every epoch after the first does. A longer epoch is timed on its first steps.
+WARM_EPOCH_STEPS = 200
+
+
+class InputStallProbe(tf_keras.callbacks.Callback):
+    """At the end of the first epoch, measures the share of a step that waits on input and writes it for the run
+    record and beside the run's live progress.
+
+    `twin` is a dataset built the way the training data is, not the training data itself: a new iterator over a
+    shuffled dataset draws from the seed generator that the training iterator's later epochs draw from. Training
+    then runs as if nothing had been measured: the model's weights, optimizer state, metrics and train counter
+    are put back. The probe measures at epoch 0's end only, which is the same point on every worker and in a run
+    resumed from a backup. Not for ParameterServer training, whose steps the coordinator schedules.
+    """
+
+    def __init__(self, twin, fn_args, steps_per_epoch: int, steps: int = 30):
+        super().__init__()
+        from hpml.components.trainer.progress_state import progress_dir
+        from hpml.components.trainer.strategies import is_chief
+
+        self._twin, self._model_run_dir = twin, fn_args.model_run_dir
+        self._steps = max(1, min(steps, 2 * steps_per_epoch))
+        self._warmup = steps_per_epoch if steps_per_epoch <= WARM_EPOCH_STEPS else WARMUP_STEPS
+        working_dir = getattr(fn_args, "working_dir", None)  # TFX's Trainer gives run_fn none
+        self._progress = progress_dir(working_dir) if working_dir and is_chief() else None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 0:
+            record_input_stall(self.model, self._twin, self._model_run_dir, self._steps, self._progress,
+                               warmup=self._warmup)

@@ -1,0 +1,85 @@
+"""The input stall measured mid-training: published once the first epoch is over, and training goes on as if it
+had not been measured (a transparency test: the same weights, bit for bit, as a run without the probe)."""
+import os
+import types
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from hpml.components.input_pipeline.stall import STALL_FILE
+from hpml.components.input_pipeline.stall_probe import InputStallProbe
+from hpml.components.trainer.progress_state import progress_dir, read_json
+
+STEPS_PER_EPOCH, EPOCHS = 6, 3
+
+
+def _training_data():
+    """Shuffled anew each epoch from one seed, behind a memory cache: what the tuned pipeline gives run_fn."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 5)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int64")
+    return tf.data.Dataset.from_tensor_slices((x, y)).cache().shuffle(96, seed=7).batch(16).repeat()
+
+
+def _model():
+    tf_keras.utils.set_random_seed(3)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(2)])
+    model.compile(tf_keras.optimizers.Adam(0.01), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=2)
+    return model
+
+
+class _SeenAtEpochBegin(tf_keras.callbacks.Callback):
+    def __init__(self, path):
+        super().__init__()
+        self.path, self.seen = path, {}
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.seen[epoch] = os.path.exists(self.path)
+
+
+def _train(callbacks):
+    model = _model()
+    history = model.fit(_training_data(), epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, callbacks=callbacks,
+                        verbose=0)
+    state = [v.numpy() for v in model.variables] + [v.numpy() for v in model.optimizer.variables()]
+    return state, history.history, int(model._train_counter.numpy())
+
+
+def test_the_probe_publishes_the_stall_after_the_first_epoch_and_training_ends_as_without_it(tmp_path):
+    fn_args = types.SimpleNamespace(model_run_dir=str(tmp_path / "model_run"), working_dir=str(tmp_path / "work"))
+    os.makedirs(fn_args.model_run_dir)
+    live = os.path.join(progress_dir(fn_args.working_dir), STALL_FILE)
+    os.makedirs(os.path.dirname(live))
+    seen = _SeenAtEpochBegin(live)
+    probed, probed_history, probed_counter = _train([InputStallProbe(_training_data(), fn_args,
+                                                                     steps_per_epoch=STEPS_PER_EPOCH), seen])
+    plain, plain_history, plain_counter = _train([])
+
+    assert seen.seen == {0: False, 1: True, 2: True}, "published once epoch 0 is over, while training goes on"
+    stall = read_json(live)
+    assert 0.0 <= stall["stall_fraction"] < 1.0 and stall["real_step_s"] > 0 and stall["in_memory_step_s"] > 0
+    # A short epoch is read once, untimed, so the timed steps read the warm cache that later epochs read.
+    assert stall["warmup_steps"] == STEPS_PER_EPOCH and stall["steps"] == 2 * STEPS_PER_EPOCH
+    assert read_json(os.path.join(fn_args.model_run_dir, STALL_FILE)) == stall
+    # Weights, optimizer state, the per-epoch metrics and the train counter (which BackupAndRestore checkpoints
+    # to resume mid-epoch) are those of the run that measured nothing.
+    assert len(probed) == len(plain)
+    for a, b in zip(probed, plain):
+        np.testing.assert_array_equal(a, b)
+    assert probed_history == plain_history
+    assert probed_counter == plain_counter == EPOCHS * STEPS_PER_EPOCH
+
+
+def test_a_long_epoch_is_timed_on_its_first_steps_and_the_stall_goes_nowhere_live_without_a_working_dir(tmp_path):
+    """TFX's Trainer gives run_fn no working dir: the stall still reaches the run's model_run, for the record."""
+    from hpml.components.input_pipeline.stall_probe import WARM_EPOCH_STEPS
+
+    fn_args = types.SimpleNamespace(model_run_dir=str(tmp_path), working_dir=None)
+    probe = InputStallProbe(_training_data(), fn_args, steps_per_epoch=WARM_EPOCH_STEPS + 1, steps=4)
+    model = _model()
+    model.fit(_training_data(), epochs=1, steps_per_epoch=3, callbacks=[probe], verbose=0)
+    stall = read_json(os.path.join(tmp_path, STALL_FILE))
+    assert stall["warmup_steps"] == 2 and stall["steps"] == 4
+    assert os.listdir(tmp_path) == [STALL_FILE]
