@@ -83,3 +83,16 @@ def test_a_long_epoch_is_timed_on_its_first_steps_and_the_stall_goes_nowhere_liv
     stall = read_json(os.path.join(tmp_path, STALL_FILE))
     assert stall["warmup_steps"] == 2 and stall["steps"] == 4
     assert os.listdir(tmp_path) == [STALL_FILE]
+
+
+def test_a_twin_too_short_to_time_leaves_training_going_with_a_warning(tmp_path, caplog):
+    fn_args = types.SimpleNamespace(model_run_dir=str(tmp_path), working_dir=None)
+    x = np.zeros((32, 5), "float32")
+    once = tf.data.Dataset.from_tensor_slices((x, np.zeros(32, "int64"))).batch(16)  # two batches, no repeat
+    model = _model()
+    with caplog.at_level("WARNING", logger="hpml.trainer"):
+        history = model.fit(_training_data(), epochs=2, steps_per_epoch=3, verbose=0,
+                            callbacks=[InputStallProbe(once, fn_args, steps_per_epoch=2)])
+    assert len(history.history["loss"]) == 2
+    assert "input stall not measured: input stall needs 6 batches, the dataset has 2" in caplog.text
+    assert not os.path.exists(os.path.join(tmp_path, STALL_FILE))

@@ -1,9 +1,13 @@
 """A callback that measures the input stall once the first epoch is over, so a run shows it while it trains."""
 from __future__ import annotations
 
+import logging
+
 import tf_keras
 
 from hpml.components.input_pipeline.stall import WARMUP_STEPS, record_input_stall
+
+log = logging.getLogger("hpml.trainer")
 
 # An epoch of at most this many steps is read once, untimed, before the stall is timed: the timed steps then read
 # a warm cache, as every epoch after the first does. A longer epoch is timed on its first steps.
@@ -33,6 +37,11 @@ class InputStallProbe(tf_keras.callbacks.Callback):
         self._progress = progress_dir(working_dir) if working_dir and is_chief() else None
 
     def on_epoch_end(self, epoch, logs=None):
-        if epoch == 0:
+        if epoch != 0:
+            return
+        try:
             record_input_stall(self.model, self._twin, self._model_run_dir, self._steps, self._progress,
                                warmup=self._warmup)
+        except ValueError as err:  # a twin too short to time (one that does not repeat): training goes on
+            log.warning("input stall not measured: %s; give InputStallProbe a twin that repeats, as the training "
+                        "data does", err)
