@@ -170,6 +170,10 @@ def test_one_process_killed_at_random_moments_and_retried_ends_with_the_uninterr
     finished(_trainer_process(inputs, killed, params, log))
     assert kills[-1] > 0, f"the last kill came before any backup: {kills}"
     _assert_same_weights(_serving_weights(killed), _serving_weights(whole))
+    # The input stall, measured at the end of epoch 0 by an attempt that was later killed, reaches the published
+    # model_run of the attempt that finished (which resumed past epoch 0 and measured nothing).
+    stall = os.path.join(killed["model_run"], "input_stall.json")
+    assert max(kills) >= TOTAL_STEPS // EPOCHS and os.path.exists(stall), (kills, os.listdir(killed["model_run"]))
 
 
 def test_recovery_from_a_failure_during_start_up_ends_when_the_restarted_chief_trains(tmp_path):
