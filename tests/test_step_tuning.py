@@ -8,7 +8,7 @@ import tf_keras
 
 from hpml.components.trainer import step_tuning
 from hpml.components.trainer.step_tuning import (FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16, Device, candidate_precisions,
-                                                 measure_budget_s, tune_step)
+                                                 measure_budget_s, pays_back, predicted_saving_s, tune_step)
 
 BATCH = 32
 
@@ -30,6 +30,13 @@ def test_measuring_may_cost_a_tenth_of_short_training_and_a_twentieth_of_long():
     assert measure_budget_s(100) == pytest.approx(10)
     assert measure_budget_s(599) == pytest.approx(59.9)
     assert measure_budget_s(1200) == pytest.approx(60)
+
+
+def test_a_policy_past_the_budget_must_save_more_than_it_costs_and_long_training_keeps_its_share():
+    assert pays_back(predicted_training_s=12, predicted_saving_s=2.5, cost_s=1.0)
+    assert not pays_back(predicted_training_s=12, predicted_saving_s=0.8, cost_s=1.0)
+    assert not pays_back(predicted_training_s=12, predicted_saving_s=-1.0, cost_s=1.0), "slower in the probe"
+    assert not pays_back(predicted_training_s=900, predicted_saving_s=500, cost_s=1.0), "5% of long training holds"
 
 
 def _data(rows=4096, seed=0):
@@ -110,6 +117,70 @@ def test_costly_candidates_are_measured_only_within_the_budget(tmp_path, monkeyp
     bf16 = [m for m in long.measured if m["precision"] == MIXED_BFLOAT16]
     assert all(m["loss_difference"] > 0 for m in bf16)
     assert long.choice.precision == FLOAT32 and "differs by" in long.reasons["precision"]
+
+
+def test_the_matmul_probe_prices_only_dense_layers_and_stops_where_no_saving_could_be_enough():
+    no_dense = tf_keras.Sequential([tf_keras.Input((8,)), tf_keras.layers.Lambda(lambda x: 2 * x)])
+    assert predicted_saving_s(no_dense, MIXED_BFLOAT16, BATCH, 1000) == 0.0
+    wide = _model(width=512)
+    assert step_tuning._dense_kernel_shapes(wide) == [(8, 512), (512, 2)]
+    # float32's matmuls over 10 steps cannot take an hour: no policy could save that much, so none is timed.
+    assert predicted_saving_s(wide, MIXED_BFLOAT16, BATCH, 10, needed_s=3600.0) == 0.0
+    assert step_tuning.compute_dtype(MIXED_BFLOAT16) == "bfloat16" and step_tuning.compute_dtype(FLOAT32) == "float32"
+
+
+def test_a_policy_left_out_by_the_budget_is_measured_where_the_probe_predicts_it_pays_back(monkeypatch):
+    asked = []
+
+    def probe(model, policy, batch_size, total_steps, needed_s=0.0):  # stands in for the timing, not the rule
+        asked.append((policy, total_steps, needed_s))
+        return saving
+
+    monkeypatch.setattr(step_tuning, "predicted_saving_s", probe)
+    monkeypatch.setattr(step_tuning, "PRECISION_TOLERANCE", 1.0)  # the subject is what gets measured
+    monkeypatch.setattr(step_tuning, "BUDGET_SHARE", 0.0)  # no compile fits the plain budget, however fast this CPU
+    saving = 0.0
+    _, unpaid = tune_step(_model(), _data(), batch_size=BATCH, total_steps=300_000, rebuild=_model,
+                          device=Device("CPU", cpu_bf16=True))
+    assert asked and asked[0][0] == MIXED_BFLOAT16 and asked[0][1] == 300_000 and asked[0][2] > 0
+    assert [m for m in unpaid.measured if m["precision"] != FLOAT32] == []
+    assert "less than measuring it would cost" in unpaid.reasons["precision"]
+
+    saving = 1000.0
+    _, paid = tune_step(_model(), _data(), batch_size=BATCH, total_steps=300_000, rebuild=_model,
+                        device=Device("CPU", cpu_bf16=True))
+    assert [m for m in paid.measured if m["precision"] == MIXED_BFLOAT16][0]["jit_compile"] is False
+    assert "measured past the budget: a probe of its matmuls predicted it to save about 1000.0 s" in \
+        paid.reasons["precision"]
+    assert paid.reasons["jit_compile"].startswith("not measured"), "the probe speaks for the policy, not for XLA"
+
+
+def test_the_policy_model_measuring_built_is_the_one_trained_and_trains_as_a_fresh_build(tmp_path):
+    """A winning policy's model keeps the trace measuring made, and its weights, optimizer state and train counter
+    are put back: it trains to the same weights, bit for bit, as a model built afresh under that policy."""
+    def build(seed=1):
+        return _model(seed=seed, width=64)
+
+    def under_bf16(seed=1):
+        return step_tuning._build_under(MIXED_BFLOAT16, lambda: build(seed))
+
+    start = _weights(build())
+    tuned, tuning = tune_step(build(), _data(), batch_size=BATCH, total_steps=10_000_000, rebuild=build,
+                              pinned={"jit_compile": False, "precision": MIXED_BFLOAT16},
+                              device=Device("CPU", cpu_bf16=True), cache_dir=str(tmp_path))
+    assert tuning.choice.precision == MIXED_BFLOAT16 and tuned.dtype_policy.name == MIXED_BFLOAT16
+    assert tuned.train_function is not None, "the trace measuring made is kept for fit"
+    assert int(tuned.optimizer.iterations.numpy()) == 0 and int(tuned._train_counter.numpy()) == 0
+    assert all(np.array_equal(a, b) for a, b in zip(start, _weights(tuned)))
+    swept = [m for m in tuning.measured if m["precision"] == MIXED_BFLOAT16]
+    assert len({m["steps_per_execution"] for m in swept}) >= 3, "its own steps per call were swept"
+
+    fresh = under_bf16(seed=9)
+    fresh.set_weights(start)
+    fresh._steps_per_execution.assign(tuning.choice.steps_per_execution)
+    for model in (fresh, tuned):
+        model.fit(_data(), epochs=2, steps_per_epoch=16, verbose=0)
+    assert all(np.array_equal(a, b) for a, b in zip(_weights(fresh), _weights(tuned)))
 
 
 def test_backups_land_on_save_freq_steps_when_a_call_runs_several(tmp_path, monkeypatch):

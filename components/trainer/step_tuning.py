@@ -1,14 +1,19 @@
 """The training step, tuned for this model on this machine: steps_per_execution, XLA and a mixed-precision policy,
 chosen by measuring short bursts of the real model on the real input pipeline, as Transform tunes tf.data.
 
-`candidate_precisions` and `measure_budget_s` are pure (tested on described devices); `tune_step` measures:
+`candidate_precisions`, `measure_budget_s` and `pays_back` are pure (tested on described devices); `tune_step` measures:
 
 1. steps_per_execution: 1, 2, 4, ... on the compiled model, whose train function loops over a variable trip count,
    so each value costs a burst of steps, not a retrace. The smallest value within 3% of the fastest wins: finer
    callbacks (progress, divergence checks) at no measurable cost.
 2. XLA and a mixed-precision policy, each of which costs a compile, only where that compile fits the budget: 10% of
-   the training time the measured rate predicts (5% for training of 10 minutes or more). A policy must also keep
+   the training time the measured rate predicts (5% for training of 10 minutes or more). For training under 10
+   minutes, a policy the budget leaves out is still measured where a probe of the model's matmuls in its compute
+   dtype predicts that it saves more of this training than measuring it costs (`pays_back`): a net gain in this run,
+   and the cached choice pays in every later one. A policy must also keep
    the loss on the same batches within `PRECISION_TOLERANCE` of float32's.
+3. Where a policy wins, steps_per_execution is swept again on the model built under it (bursts, no retrace), and
+   that model is the one training uses: its trace is not made twice.
 
 The model's weights, optimizer state and metrics are put back as they were, so training starts where it would have
 without tuning. A choice is kept in `cache_dir` under a key of the model's variables, the batch, the device and
@@ -32,6 +37,7 @@ MIN_SWEEP_S = 0.25  # the steps_per_execution sweep may always take this long, h
 WITHIN = 0.03  # a smaller steps_per_execution this close to the fastest is preferred
 PRECISION_TOLERANCE = 0.02  # relative difference of the loss on the same batches, against float32
 BUDGET_SHARE, LONG_BUDGET_SHARE, LONG_TRAINING_S = 0.10, 0.05, 600.0
+PAYBACK = 1.0  # a policy measured past the budget must be predicted to save this many times what measuring costs
 FLOAT32, MIXED_BFLOAT16, MIXED_FLOAT16 = "float32", "mixed_bfloat16", "mixed_float16"
 KNOBS = ("steps_per_execution", "jit_compile", "precision")
 
@@ -102,6 +108,16 @@ def measure_budget_s(predicted_training_s: float) -> float:
     return share * predicted_training_s
 
 
+def pays_back(predicted_training_s: float, predicted_saving_s: float, cost_s: float) -> bool:
+    """Whether a policy the budget leaves out is still worth measuring: training under 10 minutes (long training keeps
+    its 5%) that a probe predicts it to shorten by at least PAYBACK times what measuring it costs."""
+    return predicted_training_s < LONG_TRAINING_S and predicted_saving_s >= PAYBACK * cost_s
+
+
+def compute_dtype(policy: str) -> str:
+    return {MIXED_BFLOAT16: "bfloat16", MIXED_FLOAT16: "float16"}.get(policy, "float32")
+
+
 def this_device() -> Device:
     """The device training runs on: the first GPU or TPU TensorFlow sees, else the CPU and its instruction set."""
     import tensorflow as tf
@@ -159,7 +175,74 @@ def _rate(model, iterator, batch_size: int, steps: int) -> float:
 
 
 def _loss_on(model, batches) -> float:
-    return float(model.evaluate(batches, verbose=0, return_dict=True)["loss"])
+    """The model's mean loss on `batches`, computed eagerly: no test function to trace for a one-off check."""
+    import tf_keras
+
+    losses = []
+    for data in batches:
+        x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
+        losses.append(float(model.compute_loss(x, y, model(x, training=False), sample_weight)))
+    return sum(losses) / len(losses)
+
+
+def _dense_kernel_shapes(model) -> list[tuple[int, int]]:
+    import tf_keras
+
+    return [tuple(layer.kernel.shape) for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, tf_keras.layers.Dense) and len(layer.kernel.shape) == 2]
+
+
+def matmul_step(kernel_shapes, rows: int, dtype: str):
+    """A function running one training step's matmuls of dense layers with `kernel_shapes` on `rows` rows in
+    `dtype`: the forward product and the two of the backward pass. A probe of what a compute dtype is worth here,
+    costing a small trace instead of building and tracing the whole model again."""
+    import tensorflow as tf
+
+    generator = tf.random.Generator.from_seed(0)
+    operands = [[tf.cast(generator.normal(shape), dtype) for shape in ((rows, fan_in), (fan_in, fan_out),
+                                                                       (rows, fan_out))]
+                for fan_in, fan_out in kernel_shapes]
+
+    @tf.function
+    def products():
+        sums = []
+        for x, kernel, grad in operands:
+            sums += [tf.matmul(x, kernel), tf.matmul(x, grad, transpose_a=True),
+                     tf.matmul(grad, kernel, transpose_b=True)]
+        return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in sums])
+
+    products().numpy()
+    return products
+
+
+def _seconds_per_call(function) -> float:
+    calls, started = 0, time.perf_counter()
+    while time.perf_counter() - started < BURST_S:
+        result = function()
+        calls += 1
+    result.numpy()
+    return (time.perf_counter() - started) / calls
+
+
+def predicted_saving_s(model, policy: str, batch_size: int, total_steps: int, needed_s: float = 0.0) -> float:
+    """Seconds `policy` is predicted to save over `total_steps` steps: the model's matmuls in float32 against the
+    policy's compute dtype, best of three interleaved bursts each. Casts and the rest of the step are not in it;
+    measuring the policy settles that. Where the float32 matmuls alone take less than `needed_s`, no saving can reach
+    it and the policy is not probed."""
+    shapes = _dense_kernel_shapes(model)
+    if not shapes:
+        return 0.0
+    rows = max(1, batch_size // model.distribute_strategy.num_replicas_in_sync)
+    full = matmul_step(shapes, rows, "float32")
+    best_full = _seconds_per_call(full)
+    if total_steps * best_full < needed_s:
+        return 0.0
+    reduced = matmul_step(shapes, rows, compute_dtype(policy))
+    best_reduced = _seconds_per_call(reduced)
+    for _ in range(2):
+        best_full = min(best_full, _seconds_per_call(full))
+        best_reduced = min(best_reduced, _seconds_per_call(reduced))
+    return total_steps * (best_full - best_reduced)
 
 
 def tune_step(model, dataset, *, batch_size: int, total_steps: int, pinned: dict | None = None,
@@ -184,11 +267,11 @@ def tune_step(model, dataset, *, batch_size: int, total_steps: int, pinned: dict
     started = time.perf_counter()
     model.optimizer.build(model.trainable_variables)  # its slots exist now, to be put back after measuring
     with restored_afterwards(model):
-        choice, tuning, _ = _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device,
-                                     max_steps_per_execution, started)
+        choice, tuning, trained = _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device,
+                                           max_steps_per_execution, started)
     tuning.choice = choice
     tuning.seconds = time.perf_counter() - started
-    model = apply_choice(model, choice, rebuild)
+    model = apply_choice(model, choice, rebuild, trained=trained)
     _write_cache(cache_dir, key, tuning)
     return model, tuning
 
@@ -197,6 +280,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     tuning = StepTuning(StepChoice())
     policies, why = candidate_precisions(device)
     precision_check = (dataset.take(4).cache(), model.get_weights())  # a mixed policy starts from these weights
+    reference = None  # float32's loss on those batches at those weights, taken when a policy is first measured
     iterator = iter(model.distribute_strategy.experimental_distribute_dataset(dataset))
     model._steps_per_execution.assign(max(max_steps_per_execution, 2))
     model.make_train_function(force=True)  # the looping train function, which fit reuses
@@ -213,23 +297,10 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
             value *= 2
     trace_s = tuning.trace_s = _warm(model, iterator, spe_values[0])
     sweep_started = time.perf_counter()
-    rates: dict[int, float] = {}
-    for _ in range(2):  # two interleaved rounds, best of each: this machine's noise hits every value alike
-        best_so_far, flat = 0.0, 0
-        for value in spe_values:
-            rate = _rate(model, iterator, batch_size, value)
-            rates[value] = max(rates.get(value, 0.0), rate)
-            # Past the knee, more steps per call only cost time: two doublings without a gain end the round.
-            flat = flat + 1 if rates[value] < (1 + WITHIN) * best_so_far else 0
-            best_so_far = max(best_so_far, rates[value])
-            if flat >= 2:
-                break
-        # A second round only where the training is long enough to pay for it.
-        predicted = total_steps * batch_size / max(rates.values())
-        if time.perf_counter() - sweep_started > max(MIN_SWEEP_S, measure_budget_s(predicted) / 2):
-            break
-    best = max(rates.values())
-    spe = min(value for value, rate in rates.items() if rate >= (1 - WITHIN) * best)
+    rates, rounds = _sweep(model, iterator, batch_size, spe_values, lambda rates: time.perf_counter() - sweep_started
+                           > max(MIN_SWEEP_S, measure_budget_s(total_steps * batch_size / max(rates.values())) / 2))
+    round_s = (time.perf_counter() - sweep_started) / rounds
+    spe = _smallest_as_fast(rates)
     tuning.measured += [{"steps_per_execution": v, "jit_compile": False, "precision": FLOAT32,
                          "examples_per_s": r} for v, r in sorted(rates.items())]
     if "steps_per_execution" not in pinned:
@@ -261,16 +332,37 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     candidates = [key for key in ordered if key[0] in jits and key[1] in precisions]
     results = {(False, FLOAT32): fastest} if (False, FLOAT32) in [(j, p) for j in jits for p in precisions] else {}
     differences: dict[str, float] = {}
-    skipped = []
+    skipped, savings, paid_back = [], {}, set()
+    measured_models: dict[tuple, object] = {}  # a policy's model, kept for training if it wins
+    candidate_cost = 1.5 * compile_s  # building, tracing and timing one candidate
     for jit, precision in candidates:
         if time.perf_counter() - started + 2 * compile_s > budget:
-            skipped.append((jit, precision))
-            continue
+            if jit or precision == FLOAT32 or predicted >= LONG_TRAINING_S or \
+                    predicted < PAYBACK * candidate_cost:  # (nothing under that could save enough)
+                skipped.append((jit, precision))
+                continue
+            if precision not in savings:
+                savings[precision] = predicted_saving_s(model, precision, batch_size, total_steps,
+                                                        needed_s=PAYBACK * candidate_cost)
+            if not pays_back(predicted, savings[precision], candidate_cost):
+                skipped.append((jit, precision))
+                continue
+            paid_back.add((jit, precision))
         if precision == FLOAT32:
             rate = _measure_on(model, iterator, batch_size, spe, jit)
         else:
-            rate, differences[precision] = _measure_policy(precision_check, iterator, rebuild, precision, spe, jit,
-                                                           batch_size)
+            if reference is None:
+                reference = _reference_loss(model, precision_check, rebuild)
+            # In turns with float32 without XLA, while the model still is that (XLA's candidate switches it), at the
+            # most steps per call swept: there the step's own cost shows, not the calls'. Its own steps per call
+            # are swept after, if it wins.
+            turns = not (jit or model.jit_compile or (False, FLOAT32) not in results)
+            rate, differences[precision], candidate = _measure_policy(
+                precision_check, reference, iterator, rebuild, precision, max(rates) if turns else spe, jit,
+                batch_size, (model, fastest) if turns else None)
+            if rate > max((results[k] for k in measured_models), default=0.0):
+                measured_models = {(jit, precision): candidate}  # only the fastest policy's model is kept
+            del candidate
         results[(jit, precision)] = rate
         tuning.measured.append({"steps_per_execution": spe, "jit_compile": jit, "precision": precision,
                                 "examples_per_s": rate, **({"loss_difference": differences[precision]}
@@ -288,38 +380,129 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
         model.jit_compile = False
         model._steps_per_execution.assign(max(spe, 2))
         model.make_train_function(force=True)
+    trained = measured_models.get((jit, precision))
+
+    # 3. The winning policy's own steps_per_execution: a sweep of bursts on its model, which training then uses.
+    if trained is not None and "steps_per_execution" not in pinned and len(spe_values) > 1:
+        if time.perf_counter() - started + round_s <= budget or (
+                (jit, precision) in paid_back and pays_back(predicted, savings[precision],
+                                                            candidate_cost + round_s)):
+            from hpml.components.trainer.model_state import restored_afterwards
+
+            with restored_afterwards(trained):
+                _warm(trained, iterator, spe_values[0])
+                again, _ = _sweep(trained, iterator, batch_size, spe_values, lambda rates: True)
+            spe = _smallest_as_fast(again)
+            results[(jit, precision)] = again[spe]
+            tuning.measured += [{"steps_per_execution": v, "jit_compile": jit, "precision": precision,
+                                 "examples_per_s": r} for v, r in sorted(again.items())]
+            tuning.reasons["steps_per_execution"] = (
+                f"{spe} ran {again[spe]:,.0f} examples/s under {precision}"
+                + (f", {again[spe] / again[1]:.1f}x one step per call" if 1 in again and spe != 1 else ""))
     choice = StepChoice(spe, jit, precision)
-    _explain(tuning, choice, results, differences, skipped, budget, predicted, compile_s, why)
-    return choice, tuning, results.get((jit, precision), fastest)
+    _explain(tuning, choice, results, differences, skipped, budget, predicted, compile_s, why, savings, paid_back)
+    box = [iterator]
+    del iterator
+    _let_go(box)
+    return choice, tuning, trained
 
 
-def _measure_on(model, iterator, batch_size: int, spe: int, jit: bool) -> float:
+def _let_go(box: list) -> None:
+    """Empty `box`, which holds the measuring iterator's last reference, on another thread: deleting the iterator
+    sometimes waits about 2 s, idle, on tf.data's background threads (measured on this project's machines), a wait
+    training need not start behind."""
+    import threading
+
+    threading.Thread(target=box.clear, name="hpml-drop-iterator", daemon=True).start()
+
+
+def _sweep(model, iterator, batch_size: int, values: list[int], enough) -> tuple[dict[int, float], int]:
+    """Examples/s at each steps_per_execution in `values`, best of up to two interleaved rounds (this machine's
+    noise hits every value alike), and the rounds run; a round stops two doublings past the knee, and
+    `enough(rates)` ends the sweep after its first round."""
+    rates: dict[int, float] = {}
+    for rounds in (1, 2):
+        best_so_far, flat = 0.0, 0
+        for value in values:
+            rate = _rate(model, iterator, batch_size, value)
+            rates[value] = max(rates.get(value, 0.0), rate)
+            # Past the knee, more steps per call only cost time: two doublings without a gain end the round.
+            flat = flat + 1 if rates[value] < (1 + WITHIN) * best_so_far else 0
+            best_so_far = max(best_so_far, rates[value])
+            if flat >= 2:
+                break
+        if enough(rates):
+            break
+    return rates, rounds
+
+
+def _smallest_as_fast(rates: dict[int, float]) -> int:
+    """The smallest steps_per_execution within WITHIN of the fastest: finer callbacks at no measurable cost."""
+    best = max(rates.values())
+    return min(value for value, rate in rates.items() if rate >= (1 - WITHIN) * best)
+
+
+def _measure_on(model, iterator, batch_size: int, spe: int, jit: bool, against=None) -> float:
+    """Examples/s of `model` with XLA `jit` at `spe` steps per call. With `against` (a model already measured at
+    `fastest` examples/s), the two take turns, three bursts each, and the rate is `fastest` times the ratio of their
+    best bursts: a comparison this machine's noise cannot tilt by striking one of them alone."""
     model.jit_compile = jit
     model._steps_per_execution.assign(max(spe, 2))
     model.make_train_function(force=True)
     _warm(model, iterator, spe)
-    return max(_rate(model, iterator, batch_size, spe) for _ in range(2))
+    if against is None:
+        return max(_rate(model, iterator, batch_size, spe) for _ in range(2))
+    baseline, fastest = against
+    ours = theirs = 0.0
+    for _ in range(3):
+        ours = max(ours, _rate(model, iterator, batch_size, spe))
+        theirs = max(theirs, _rate(baseline, iterator, batch_size, spe))
+    return fastest * ours / theirs
 
 
-def _measure_policy(precision_check, iterator, rebuild, policy: str, spe: int, jit: bool, batch_size: int):
-    """(examples/s, relative loss difference from float32 on the same batches at the same weights) of the model
-    built again under `policy`."""
+def _reference_loss(model, precision_check, rebuild) -> float:
+    """float32's loss on the precision check's batches at its weights: on the model itself where it is float32 (its
+    weights are put back after measuring anyway), else on a twin built under float32."""
     batches, weights = precision_check
+    if model.dtype_policy.name == FLOAT32:
+        model.set_weights(weights)
+        return _loss_on(model, batches)
     twin = _build_under(FLOAT32, rebuild)
     twin.set_weights(weights)
-    reference = _loss_on(twin, batches)
-    del twin
+    return _loss_on(twin, batches)
+
+
+def _measure_policy(precision_check, reference: float, iterator, rebuild, policy: str, spe: int, jit: bool,
+                    batch_size: int, against=None):
+    """(examples/s, relative loss difference from float32 on the same batches at the same weights, the model) of the
+    model built again under `policy`, timed in turns with `against` where given. The model leaves as it was built,
+    with the check's weights: ready to train."""
+    from hpml.components.trainer.model_state import restored_afterwards
+
+    batches, weights = precision_check
     candidate = _build_under(policy, rebuild)
     candidate.set_weights(weights)
-    difference = abs(_loss_on(candidate, batches) - reference) / max(abs(reference), 1e-6)
-    rate = _measure_on(candidate, iterator, batch_size, spe, jit)
-    del candidate
-    return rate, difference
+    candidate.optimizer.build(candidate.trainable_variables)
+    with restored_afterwards(candidate):
+        difference = abs(_loss_on(candidate, batches) - reference) / max(abs(reference), 1e-6)
+        rate = _measure_on(candidate, iterator, batch_size, spe, jit, against)
+    candidate._hpml_looping = True
+    return rate, difference, candidate
 
 
-def _explain(tuning, choice, results, differences, skipped, budget, predicted, compile_s, why) -> None:
-    """Each knob's reason, from what was measured and what the budget left out."""
+def _explain(tuning, choice, results, differences, skipped, budget, predicted, compile_s, why, savings,
+             paid_back) -> None:
+    """Each knob's reason, from what was measured, what the budget left out and what the matmul probe predicted."""
     base = results.get((False, FLOAT32))
+
+    def probed(policy) -> str:
+        if policy not in savings:
+            return ""
+        if any(key[1] == policy for key in paid_back):
+            return (f"; measured past the budget: a probe of its matmuls predicted it to save about "
+                    f"{savings[policy]:.1f} s of this training")
+        return (f"; a probe of its matmuls predicts it to save about {max(savings[policy], 0.0):.1f} s, less than "
+                "measuring it would cost")
 
     def versus(key) -> str:
         rate = results[key]
@@ -341,17 +524,17 @@ def _explain(tuning, choice, results, differences, skipped, budget, predicted, c
         if policy is None:
             tuning.reasons["precision"] = "float32"
         elif policy not in differences:
-            tuning.reasons["precision"] = f"float32: {policy} not measured: {over_budget}"
+            tuning.reasons["precision"] = f"float32: {policy} not measured: {over_budget}{probed(policy)}"
         elif differences[policy] > PRECISION_TOLERANCE:
             tuning.reasons["precision"] = (f"float32: {policy}'s loss differs by {differences[policy]:.1%} from "
                                            f"float32's on the same batches, over the {PRECISION_TOLERANCE:.0%} "
                                            "allowed")
         elif choice.precision == policy:
             tuning.reasons["precision"] = (f"{policy} ({why}): {versus((choice.jit_compile, policy))}, loss within "
-                                           f"{differences[policy]:.2%} of float32's")
+                                           f"{differences[policy]:.2%} of float32's{probed(policy)}")
         else:
             best = max((key for key in results if key[1] == policy), key=results.get)
-            tuning.reasons["precision"] = f"float32: {policy} ran at best {versus(best)}"
+            tuning.reasons["precision"] = f"float32: {policy} ran at best {versus(best)}{probed(policy)}"
 
 
 def _share(predicted_s: float) -> str:
@@ -369,15 +552,16 @@ def _build_under(policy: str, rebuild):
         tf_keras.mixed_precision.set_global_policy(previous)
 
 
-def apply_choice(model, choice: StepChoice, rebuild=None):
-    """The model to train with `choice`: this one with its steps per call and XLA set, or, for a mixed policy, one
-    built again under it with this one's weights. Where only the steps per call change and the model's train
-    function already loops over them (as after measuring), that function is kept: fit reuses its trace."""
+def apply_choice(model, choice: StepChoice, rebuild=None, trained=None):
+    """The model to train with `choice`: this one with its steps per call and XLA set, or, for a mixed policy,
+    `trained` (the model measuring built under it) or one built again, with this one's weights. Where only the steps
+    per call change and the model's train function already loops over them (as after measuring), that function is
+    kept: fit reuses its trace."""
     if choice.precision != FLOAT32:
-        if rebuild is None:
+        if rebuild is None and trained is None:
             raise ValueError(f"precision {choice.precision} needs the model built again under it (rebuild)")
         weights = model.get_weights()
-        model = _build_under(choice.precision, rebuild)
+        model = trained if trained is not None else _build_under(choice.precision, rebuild)
         model.set_weights(weights)
     looping = getattr(model, "_hpml_looping", False) and model.train_function is not None
     if not looping or bool(model.jit_compile) != choice.jit_compile:
