@@ -195,3 +195,21 @@ def test_backups_land_on_save_freq_steps_when_a_call_runs_several(tmp_path, monk
     model.fit(_data(), epochs=2, steps_per_epoch=20, verbose=0, callbacks=[backup])
     # Steps 0-7, 8-15, ... of the run: a backup after every 8th step, whatever the calls.
     assert saved == [(0, 7), (0, 15), (1, 3), (1, 11), (1, 19)], saved
+
+
+def test_the_precision_check_takes_the_loss_each_model_evaluates_itself_with_a_custom_test_step_too():
+    """The check computes eagerly (no test function traced), and must still be the model's own loss: Keras's compiled
+    loss for a plain model, the Distiller's test_step (it compiles no loss at all)."""
+    from hpml.components.trainer.distill.distiller import Distiller
+
+    batches = _data().take(4)
+    plain = _model()
+    tf_keras.utils.set_random_seed(2)
+    student = tf_keras.Sequential([tf_keras.Input((8,)), tf_keras.layers.Dense(16, activation="relu"),
+                                   tf_keras.layers.Dense(2)])
+    distiller = Distiller(student, [_model(seed=3)], temperature=2.0, alpha=0.5)
+    distiller.compile(tf_keras.optimizers.Adam(0.01))
+    for model in (plain, distiller):
+        expected = model.evaluate(batches, verbose=0, return_dict=True)["loss"]
+        assert expected > 0.1
+        assert step_tuning._loss_on(model, batches) == pytest.approx(expected, rel=1e-5)

@@ -175,14 +175,22 @@ def _rate(model, iterator, batch_size: int, steps: int) -> float:
 
 
 def _loss_on(model, batches) -> float:
-    """The model's mean loss on `batches`, computed eagerly: no test function to trace for a one-off check."""
-    import tf_keras
+    """The model's loss on `batches` as its own `test_step` computes it (a custom model's too). Eagerly where one
+    device holds the model, so no test function is traced for a one-off check; through `evaluate` under a
+    strategy that spreads its variables."""
+    import tensorflow as tf
 
-    losses = []
-    for data in batches:
-        x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
-        losses.append(float(model.compute_loss(x, y, model(x, training=False), sample_weight)))
-    return sum(losses) / len(losses)
+    strategy = model.distribute_strategy
+    one_device = isinstance(strategy, tf.distribute.OneDeviceStrategy) or \
+        type(strategy).__name__ == "_DefaultDistributionStrategy"
+    if one_device:
+        model.reset_metrics()
+        for data in batches:
+            logs = model.test_step(data)
+        model_loss = float(logs["loss"])
+        model.reset_metrics()
+        return model_loss
+    return float(model.evaluate(batches, verbose=0, return_dict=True)["loss"])
 
 
 def _dense_kernel_shapes(model) -> list[tuple[int, int]]:
