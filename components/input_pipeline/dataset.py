@@ -185,8 +185,6 @@ def _shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epoc
     A permuted window is gathered in slices of `permute_slice` records, `parallel` at a time, each
     then passed through `finish`; without `shuffle`, `finish` runs on the chunks themselves.
     """
-    import tensorflow as tf
-
     if not shuffle:
         units = chunks.repeat(num_epochs) if num_epochs != 1 else chunks
         if finish is None:
