@@ -67,9 +67,9 @@ def _model(hidden, steps_per_execution=1, jit_compile=False, precision="float32"
 
 
 class _EpochClock(tf_keras.callbacks.Callback):
-    """The seconds of fit's epoch, from its first step to its last: not fit's set-up, nor its teardown, where
-    deleting the input iterator can wait for tf.data's autotuning thread to wake (up to ~0.6 s into a fit of a
-    second, measured), which would round a timed fit up to that thread's period."""
+    """The seconds of fit's epoch, from its first step to its last: not fit's set-up, nor its teardown. Timed whole,
+    fits of about a second came out in multiples of ~0.63 s on this project's machines, as if the teardown waited
+    for a periodic wake-up (tf.data's autotuning thread is the likely one; not confirmed)."""
 
     def on_epoch_begin(self, epoch, logs=None):
         self.started = time.perf_counter()

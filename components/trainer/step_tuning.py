@@ -417,8 +417,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
 
 def _let_go(box: list) -> None:
     """Empty `box`, which holds the measuring iterator's last reference, on another thread: deleting the iterator
-    sometimes waits about 2 s, idle, on tf.data's background threads (measured on this project's machines), a wait
-    training need not start behind."""
+    sometimes waited about 2 s, idle (no CPU), on this project's machines, a wait training need not start behind."""
     import threading
 
     threading.Thread(target=box.clear, name="hpml-drop-iterator", daemon=True).start()
