@@ -4,8 +4,9 @@ chosen by measuring short bursts of the real model on the real input pipeline, a
 `candidate_precisions`, `measure_budget_s` and `pays_back` are pure (tested on described devices); `tune_step` measures:
 
 1. steps_per_execution: 1, 2, 4, ... on the compiled model, whose train function loops over a variable trip count,
-   so each value costs a burst of steps, not a retrace. The smallest value within 3% of the fastest wins: finer
-   callbacks (progress, divergence checks) at no measurable cost.
+   so each value costs a burst of steps, not a retrace. The smallest value within 3% of the fastest wins (finer
+   callbacks, such as progress and divergence checks, at no measurable cost), read from a fit of compute per step
+   plus overhead per call to the bursts (`smallest_as_fast`).
 2. XLA and a mixed-precision policy, each of which costs a compile, only where that compile fits the budget: 10% of
    the training time the measured rate predicts (5% for training of 10 minutes or more). For training under 10
    minutes, a policy the budget leaves out is still measured where a probe of the model's matmuls in its compute
@@ -308,7 +309,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     rates, rounds = _sweep(model, iterator, batch_size, spe_values, lambda rates: time.perf_counter() - sweep_started
                            > max(MIN_SWEEP_S, measure_budget_s(total_steps * batch_size / max(rates.values())) / 2))
     round_s = (time.perf_counter() - sweep_started) / rounds
-    spe = _smallest_as_fast(rates)
+    spe = smallest_as_fast(rates)
     tuning.measured += [{"steps_per_execution": v, "jit_compile": False, "precision": FLOAT32,
                          "examples_per_s": r} for v, r in sorted(rates.items())]
     if "steps_per_execution" not in pinned:
@@ -390,17 +391,18 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
         model.make_train_function(force=True)
     trained = measured_models.get((jit, precision))
 
-    # 3. The winning policy's own steps_per_execution: a sweep of bursts on its model, which training then uses.
+    # 3. The winning policy's own steps_per_execution: a sweep of bursts (two rounds) on its model, which training
+    # then uses.
     if trained is not None and "steps_per_execution" not in pinned and len(spe_values) > 1:
-        if time.perf_counter() - started + round_s <= budget or (
+        if time.perf_counter() - started + 2 * round_s <= budget or (
                 (jit, precision) in paid_back and pays_back(predicted, savings[precision],
-                                                            candidate_cost + round_s)):
+                                                            candidate_cost + 2 * round_s)):
             from hpml.components.trainer.model_state import restored_afterwards
 
             with restored_afterwards(trained):
                 _warm(trained, iterator, spe_values[0])
-                again, _ = _sweep(trained, iterator, batch_size, spe_values, lambda rates: True)
-            spe = _smallest_as_fast(again)
+                again, _ = _sweep(trained, iterator, batch_size, spe_values, lambda rates: False)  # both rounds
+            spe = smallest_as_fast(again)
             results[(jit, precision)] = again[spe]
             tuning.measured += [{"steps_per_execution": v, "jit_compile": jit, "precision": precision,
                                  "examples_per_s": r} for v, r in sorted(again.items())]
@@ -443,8 +445,24 @@ def _sweep(model, iterator, batch_size: int, values: list[int], enough) -> tuple
     return rates, rounds
 
 
-def _smallest_as_fast(rates: dict[int, float]) -> int:
-    """The smallest steps_per_execution within WITHIN of the fastest: finer callbacks at no measurable cost."""
+def smallest_as_fast(rates: dict[int, float]) -> int:
+    """The smallest steps_per_execution within WITHIN of the fastest: finer callbacks at no measurable cost.
+
+    A call's time is its steps' compute plus a fixed overhead, so a step costs `c + o / steps_per_execution`. That
+    line is fitted to every value's best burst (least squares in 1 / steps_per_execution), and the choice is read
+    from the fit, not from single bursts, which on a noisy machine can make a small value look as fast as a large
+    one. Fewer than three values, or a fit that is not a cost falling with more steps, fall back to the bursts."""
+    values = sorted(rates)
+    if len(values) >= 3:
+        xs = [1.0 / v for v in values]
+        ys = [1.0 / rates[v] for v in values]  # seconds per example, proportional to seconds per step
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        spread = sum((x - mean_x) ** 2 for x in xs)
+        overhead = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+        compute = mean_y - overhead * mean_x
+        if overhead > 0 and compute > 0:
+            fitted = {v: 1.0 / (compute + overhead / v) for v in values}
+            return min(v for v in values if fitted[v] >= (1 - WITHIN) * fitted[values[-1]])
     best = max(rates.values())
     return min(value for value, rate in rates.items() if rate >= (1 - WITHIN) * best)
 
