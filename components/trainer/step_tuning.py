@@ -11,8 +11,8 @@ chosen by measuring short bursts of the real model on the real input pipeline, a
    the training time the measured rate predicts (5% for training of 10 minutes or more). For training under 10
    minutes, a policy the budget leaves out is still measured where a probe of the model's matmuls in its compute
    dtype predicts that it saves more of this training than measuring it costs (`pays_back`): a net gain in this run,
-   and the cached choice pays in every later one. A policy must also keep
-   the loss on the same batches within `PRECISION_TOLERANCE` of float32's.
+   and the cached choice pays in every later one. A policy must also keep the loss on the same batches within
+   `PRECISION_TOLERANCE` of float32's.
 3. Where a policy wins, steps_per_execution is swept again on the model built under it (bursts, no retrace), and
    that model is the one training uses: its trace is not made twice.
 
@@ -357,6 +357,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
                 skipped.append((jit, precision))
                 continue
             paid_back.add((jit, precision))
+        at = spe  # the steps per call it is timed at
         if precision == FLOAT32:
             rate = _measure_on(model, iterator, batch_size, spe, jit)
         else:
@@ -366,14 +367,15 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
             # most steps per call swept: there the step's own cost shows, not the calls'. Its own steps per call
             # are swept after, if it wins.
             turns = not (jit or model.jit_compile or (False, FLOAT32) not in results)
+            at = max(rates) if turns else spe
             rate, differences[precision], candidate = _measure_policy(
-                precision_check, reference, iterator, rebuild, precision, max(rates) if turns else spe, jit,
-                batch_size, (model, fastest) if turns else None)
+                precision_check, reference, iterator, rebuild, precision, at, jit, batch_size,
+                (model, fastest) if turns else None)
             if rate > max((results[k] for k in measured_models), default=0.0):
                 measured_models = {(jit, precision): candidate}  # only the fastest policy's model is kept
             del candidate
         results[(jit, precision)] = rate
-        tuning.measured.append({"steps_per_execution": spe, "jit_compile": jit, "precision": precision,
+        tuning.measured.append({"steps_per_execution": at, "jit_compile": jit, "precision": precision,
                                 "examples_per_s": rate, **({"loss_difference": differences[precision]}
                                                            if precision in differences else {})})
     allowed = {key: rate for key, rate in results.items()
