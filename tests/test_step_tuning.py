@@ -188,12 +188,34 @@ def test_the_policy_model_measuring_built_is_the_one_trained_and_trains_as_a_fre
     swept = [m for m in tuning.measured if m["precision"] == MIXED_BFLOAT16]
     assert len({m["steps_per_execution"] for m in swept}) >= 3, "its own steps per call were swept"
 
+    function, traced = tuned.train_tf_function, tuned.train_tf_function.experimental_get_tracing_count()
+    assert traced >= 1 and tuning.trace_s > 0, "the policy model's trace is the one reported as reused"
+
     fresh = under_bf16(seed=9)
     fresh.set_weights(start)
     fresh._steps_per_execution.assign(tuning.choice.steps_per_execution)
     for model in (fresh, tuned):
         model.fit(_data(), epochs=2, steps_per_epoch=16, verbose=0)
     assert all(np.array_equal(a, b) for a, b in zip(_weights(fresh), _weights(tuned)))
+    assert tuned.train_tf_function is function and function.experimental_get_tracing_count() == traced
+
+
+def test_the_trace_reported_as_reused_is_the_one_fit_runs_after_xla_was_measured(tmp_path):
+    """Measuring XLA compiles another step; where XLA loses, fit runs the float32 step traced before it (no second
+    trace), and where it wins, fit traces anew and none of measuring's trace is counted as reused."""
+    tuned, tuning = tune_step(_model(width=64), _data(), batch_size=BATCH, total_steps=10_000_000,
+                              pinned={"precision": FLOAT32}, device=Device("CPU"), cache_dir=str(tmp_path))
+    assert any(m["jit_compile"] for m in tuning.measured), "XLA was measured"
+    assert tuned.jit_compile == tuning.choice.jit_compile
+    function = tuned.train_tf_function
+    traced = function.experimental_get_tracing_count() if function is not None else 0
+    tuned.fit(_data(), epochs=1, steps_per_epoch=16, verbose=0)
+    if tuning.choice.jit_compile:
+        assert tuning.trace_s == 0.0
+    else:
+        assert tuning.trace_s > 0 and traced >= 1
+        assert tuned.train_tf_function is function and function.experimental_get_tracing_count() == traced, \
+            "fit traced the step again"
 
 
 def test_backups_land_on_save_freq_steps_when_a_call_runs_several(tmp_path, monkeypatch):

@@ -294,6 +294,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     model._steps_per_execution.assign(max(max_steps_per_execution, 2))
     model.make_train_function(force=True)  # the looping train function, which fit reuses
     model._hpml_looping = True
+    looping = None if model.jit_compile else (model.train_function, model.train_tf_function)  # without XLA
 
     # 1. steps_per_execution: cheap, measured on the compiled model.
     if "steps_per_execution" in pinned:
@@ -304,7 +305,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
         while value <= min(max_steps_per_execution, max(1, total_steps)):
             spe_values.append(value)
             value *= 2
-    trace_s = tuning.trace_s = _warm(model, iterator, spe_values[0])
+    trace_s = _warm(model, iterator, spe_values[0])
     sweep_started = time.perf_counter()
     rates, rounds = _sweep(model, iterator, batch_size, spe_values, lambda rates: time.perf_counter() - sweep_started
                            > max(MIN_SWEEP_S, measure_budget_s(total_steps * batch_size / max(rates.values())) / 2))
@@ -343,6 +344,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     differences: dict[str, float] = {}
     skipped, savings, paid_back = [], {}, set()
     measured_models: dict[tuple, object] = {}  # a policy's model, kept for training if it wins
+    policy_trace_s = 0.0  # tracing that model's step
     candidate_cost = 1.5 * compile_s  # building, tracing and timing one candidate
     for jit, precision in candidates:
         if time.perf_counter() - started + 2 * compile_s > budget:
@@ -359,7 +361,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
             paid_back.add((jit, precision))
         at = spe  # the steps per call it is timed at
         if precision == FLOAT32:
-            rate = _measure_on(model, iterator, batch_size, spe, jit)
+            rate, _ = _measure_on(model, iterator, batch_size, spe, jit)  # its trace is not kept: XLA is off after
         else:
             if reference is None:
                 reference = _reference_loss(model, precision_check, rebuild)
@@ -368,11 +370,12 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
             # are swept after, if it wins.
             turns = not (jit or model.jit_compile or (False, FLOAT32) not in results)
             at = max(rates) if turns else spe
-            rate, differences[precision], candidate = _measure_policy(
+            rate, differences[precision], candidate, candidate_trace_s = _measure_policy(
                 precision_check, reference, iterator, rebuild, precision, at, jit, batch_size,
                 (model, fastest) if turns else None)
             if rate > max((results[k] for k in measured_models), default=0.0):
                 measured_models = {(jit, precision): candidate}  # only the fastest policy's model is kept
+                policy_trace_s = candidate_trace_s
             del candidate
         results[(jit, precision)] = rate
         tuning.measured.append({"steps_per_execution": at, "jit_compile": jit, "precision": precision,
@@ -389,9 +392,15 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
         jit, precision = best_key if base is None or allowed[best_key] > (1 + WITHIN) * base else (False, FLOAT32)
     if any(key[0] and key[1] == FLOAT32 for key in results):  # XLA was switched on to measure it: switch it off
         model.jit_compile = False
-        model._steps_per_execution.assign(max(spe, 2))
-        model.make_train_function(force=True)
+        if looping is not None:  # the function traced without XLA, which fit can reuse
+            model.train_function, model.train_tf_function = looping
+        else:
+            model._steps_per_execution.assign(max(spe, 2))
+            model.make_train_function(force=True)
+            trace_s = 0.0
     trained = measured_models.get((jit, precision))
+    # The trace training reuses: float32's without XLA, or the kept policy model's; float32 under XLA traces anew.
+    tuning.trace_s = policy_trace_s if trained is not None else 0.0 if jit else trace_s
 
     # 3. The winning policy's own steps_per_execution: a sweep of bursts (two rounds) on its model, which training
     # then uses.
@@ -469,22 +478,23 @@ def smallest_as_fast(rates: dict[int, float]) -> int:
     return min(value for value, rate in rates.items() if rate >= (1 - WITHIN) * best)
 
 
-def _measure_on(model, iterator, batch_size: int, spe: int, jit: bool, against=None) -> float:
-    """Examples/s of `model` with XLA `jit` at `spe` steps per call. With `against` (a model already measured at
-    `fastest` examples/s), the two take turns, three bursts each, and the rate is `fastest` times the ratio of their
-    best bursts: a comparison this machine's noise cannot tilt by striking one of them alone."""
+def _measure_on(model, iterator, batch_size: int, spe: int, jit: bool, against=None) -> tuple[float, float]:
+    """(examples/s, seconds tracing its step) of `model` with XLA `jit` at `spe` steps per call. With `against` (a
+    model already measured at `fastest` examples/s), the two take turns, three bursts each, and the rate is `fastest`
+    times the ratio of their best bursts: a comparison this machine's noise cannot tilt by striking one of them
+    alone."""
     model.jit_compile = jit
     model._steps_per_execution.assign(max(spe, 2))
     model.make_train_function(force=True)
-    _warm(model, iterator, spe)
+    trace_s = _warm(model, iterator, spe)
     if against is None:
-        return max(_rate(model, iterator, batch_size, spe) for _ in range(2))
+        return max(_rate(model, iterator, batch_size, spe) for _ in range(2)), trace_s
     baseline, fastest = against
     ours = theirs = 0.0
     for _ in range(3):
         ours = max(ours, _rate(model, iterator, batch_size, spe))
         theirs = max(theirs, _rate(baseline, iterator, batch_size, spe))
-    return fastest * ours / theirs
+    return fastest * ours / theirs, trace_s
 
 
 def _reference_loss(model, precision_check, rebuild) -> float:
@@ -501,9 +511,9 @@ def _reference_loss(model, precision_check, rebuild) -> float:
 
 def _measure_policy(precision_check, reference: float, iterator, rebuild, policy: str, spe: int, jit: bool,
                     batch_size: int, against=None):
-    """(examples/s, relative loss difference from float32 on the same batches at the same weights, the model) of the
-    model built again under `policy`, timed in turns with `against` where given. The model leaves as it was built,
-    with the check's weights: ready to train."""
+    """(examples/s, relative loss difference from float32 on the same batches at the same weights, the model, seconds
+    tracing its step) of the model built again under `policy`, timed in turns with `against` where given. The model
+    leaves as it was built, with the check's weights: ready to train."""
     from hpml.components.trainer.model_state import restored_afterwards
 
     batches, weights = precision_check
@@ -512,9 +522,9 @@ def _measure_policy(precision_check, reference: float, iterator, rebuild, policy
     candidate.optimizer.build(candidate.trainable_variables)
     with restored_afterwards(candidate):
         difference = abs(_loss_on(candidate, batches) - reference) / max(abs(reference), 1e-6)
-        rate = _measure_on(candidate, iterator, batch_size, spe, jit, against)
+        rate, trace_s = _measure_on(candidate, iterator, batch_size, spe, jit, against)
     candidate._hpml_looping = True
-    return rate, difference, candidate
+    return rate, difference, candidate, trace_s
 
 
 def _explain(tuning, choice, results, differences, skipped, budget, predicted, compile_s, why, savings,
