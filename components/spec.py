@@ -1,8 +1,8 @@
 """The component contract: a typed spec (inputs, outputs, parameters) plus an executor.
 
 Executors are plain functions `executor(inputs, outputs, params) -> properties` of artifact
-URIs (a list of URIs for a list input) and validated parameters. They import nothing from Airflow, so the local runner, the
-Airflow adapter or a user's own TFX pipeline can all drive them.
+URIs (a list of URIs for a list input) and validated parameters. They import nothing from Airflow, so the local
+runner, the Airflow adapter or a user's own TFX pipeline can all drive them.
 
 A spec names its executor as "module:function" and imports it only when the component runs: a
 pipeline definition, and so an Airflow DAG file that the dag-processor re-parses every 30 s,

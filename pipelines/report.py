@@ -25,7 +25,8 @@ from hpml.pipelines import records
 REPORT_DIR = "report"
 REPORT_FILE = "report.html"
 CURVE_GROUPS = {
-    "curves.png": ("Loss and {metric} per epoch", [("loss", "val_loss"), ("accuracy", "val_accuracy", "mae", "val_mae")]),
+    "curves.png": ("Loss and {metric} per epoch",
+                   [("loss", "val_loss"), ("accuracy", "val_accuracy", "mae", "val_mae")]),
     "throughput.png": ("Throughput and step time per epoch", [("examples_per_sec",), ("step_time_ms",)]),
 }
 

@@ -35,4 +35,5 @@ def plain_spec(schema_fingerprint: str, batch_size: int) -> InputPipelineSpec:
     """An untuned spec for when Transform is told not to tune: AUTOTUNE reads and prefetch."""
     spec = autotune_spec(InputPipelineSpec(schema_fingerprint=schema_fingerprint, batch_size=batch_size))
     return replace(spec, vectorized_parse=True,
-                   decisions=[{"what": "tuning", "value": "off", "why": "Transform ran with tune_input_pipeline=False"}])
+                   decisions=[{"what": "tuning", "value": "off",
+                               "why": "Transform ran with tune_input_pipeline=False"}])

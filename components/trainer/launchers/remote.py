@@ -2,7 +2,8 @@
 entry point on the job file the Trainer wrote.
 
 The cluster must reach the artifact root (HPML_ARTIFACT_ROOT) as the Trainer task does: on an object store
-(gs://), or on shared storage mounted at the same path in every pod (a PVC). `RemoteCluster` is the Trainer's `cluster` parameter, typed.
+(gs://), or on shared storage mounted at the same path in every pod (a PVC). `RemoteCluster` is the Trainer's
+`cluster` parameter, typed.
 """
 from __future__ import annotations
 
