@@ -6,7 +6,7 @@ chosen by measuring short bursts of the real model on the real input pipeline, a
 1. steps_per_execution: 1, 2, 4, ... on the compiled model, whose train function loops over a variable trip count,
    so each value costs a burst of steps, not a retrace. The smallest value within 3% of the fastest wins (finer
    callbacks, such as progress and divergence checks, at no measurable cost), read from a fit of compute per step
-   plus overhead per call to the bursts (`smallest_as_fast`).
+   plus overhead per call to the bursts, with what fit adds to a call (`smallest_as_fast`).
 2. XLA and a mixed-precision policy, each of which costs a compile, only where that compile fits the budget: 10% of
    the training time the measured rate predicts (5% for training of 10 minutes or more). For training under 10
    minutes, a policy the budget leaves out is still measured where a probe of the model's matmuls in its compute
@@ -36,6 +36,10 @@ MAX_STEPS_PER_EXECUTION = 64
 BURST_S = 0.03  # a timed burst of one candidate lasts at least this long
 MIN_SWEEP_S = 0.25  # the steps_per_execution sweep may always take this long, however short the training
 WITHIN = 0.03  # a smaller steps_per_execution this close to the fastest is preferred
+# What tf_keras's fit adds to every call of the train function (callback hooks, its step bookkeeping), which bursts
+# calling the function directly do not pay: 0.5 ms measured with tf_keras 2.21 on this project's 2-core machines.
+# Left out, the fit of the bursts put 32 steps per call within 3% of 64 where fit ran 64 7-20% faster.
+FIT_CALL_S = 0.0005
 PRECISION_TOLERANCE = 0.02  # relative difference of the loss on the same batches, against float32
 BUDGET_SHARE, LONG_BUDGET_SHARE, LONG_TRAINING_S = 0.10, 0.05, 600.0
 PAYBACK = 1.0  # a policy measured past the budget must be predicted to save this many times what measuring costs
@@ -310,7 +314,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     rates, rounds = _sweep(model, iterator, batch_size, spe_values, lambda rates: time.perf_counter() - sweep_started
                            > max(MIN_SWEEP_S, measure_budget_s(total_steps * batch_size / max(rates.values())) / 2))
     round_s = (time.perf_counter() - sweep_started) / rounds
-    spe = smallest_as_fast(rates)
+    spe = smallest_as_fast(rates, batch_size)
     tuning.measured += [{"steps_per_execution": v, "jit_compile": False, "precision": FLOAT32,
                          "examples_per_s": r} for v, r in sorted(rates.items())]
     if "steps_per_execution" not in pinned:
@@ -413,7 +417,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
             with restored_afterwards(trained):
                 _warm(trained, iterator, spe_values[0])
                 again, _ = _sweep(trained, iterator, batch_size, spe_values, lambda rates: False)  # both rounds
-            spe = smallest_as_fast(again)
+            spe = smallest_as_fast(again, batch_size)
             results[(jit, precision)] = again[spe]
             tuning.measured += [{"steps_per_execution": v, "jit_compile": jit, "precision": precision,
                                  "examples_per_s": r} for v, r in sorted(again.items())]
@@ -456,13 +460,16 @@ def _sweep(model, iterator, batch_size: int, values: list[int], enough) -> tuple
     return rates, rounds
 
 
-def smallest_as_fast(rates: dict[int, float]) -> int:
+def smallest_as_fast(rates: dict[int, float], batch_size: int | None = None) -> int:
     """The smallest steps_per_execution within WITHIN of the fastest: finer callbacks at no measurable cost.
 
     A call's time is its steps' compute plus a fixed overhead, so a step costs `c + o / steps_per_execution`. That
     line is fitted to every value's best burst (least squares in 1 / steps_per_execution), and the choice is read
     from the fit, not from single bursts, which on a noisy machine can make a small value look as fast as a large
-    one. Fewer than three values, or a fit that is not a cost falling with more steps, fall back to the bursts."""
+    one. Fewer than three values, or a fit that is not a cost falling with more steps, fall back to the bursts.
+    Given the `batch_size`, each call also pays FIT_CALL_S, the work `fit` adds around a call, which bursts do not."""
+    if batch_size:
+        rates = {v: 1.0 / (1.0 / r + FIT_CALL_S / (batch_size * v)) for v, r in rates.items()}
     values = sorted(rates)
     if len(values) >= 3:
         xs = [1.0 / v for v in values]
