@@ -1,6 +1,7 @@
 """Where hpml keeps its state, and which data paths parameters may name."""
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -62,3 +63,28 @@ def confine(path: str, field: str) -> str:
         f"parameter {field!r}: {path} is outside the allowed data roots",
         hint=f"add its directory to HPML_DATA_ROOTS (separated by '{os.pathsep}')",
     )
+
+
+# A run id's folder name keeps these characters as they are (not as the first character, where '.' would make
+# '.' and '..' name the pipeline's folder or its parent); every other character is written as '~XX', its UTF-8
+# bytes in hex. '~' itself is escaped, so a name read left to right decodes to exactly one run id.
+_KEPT = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
+_MAX_NAME = 200  # below every file system's 255-byte name limit, with room for an object store's key prefix
+# The file that names the run id a run folder belongs to, written when the run starts.
+RUN_OWNER_FILE = "hpml_run_id.txt"
+
+
+def run_folder_name(run_id: str) -> str:
+    """The folder name of a run id, one-to-one: two different run ids never share a folder. An id whose escaped
+    name would be too long is cut, and '~~' plus the SHA-256 of the whole id keeps it apart from every other."""
+    if not run_id:
+        return "~"
+    name = "".join(char if char in _KEPT and (index or char != ".") else
+                   "".join(f"~{byte:02X}" for byte in char.encode("utf-8", "surrogatepass"))
+                   for index, char in enumerate(run_id))
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+    head = name[:_MAX_NAME - len(digest) - 2]
+    cut = head.rfind("~", len(head) - 2)  # never leave half an escape before the digest
+    return (head[:cut] if cut >= 0 else head) + "~~" + digest

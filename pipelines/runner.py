@@ -8,17 +8,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
+from hpml.components import files
+from hpml.components.errors import SpecError
 from hpml.components.trainer.launchers.stopping import Stopped
 from hpml.pipelines import records, report
 from hpml.pipelines.dsl import Pipeline
-from hpml.pipelines.paths import artifact_root
+from hpml.pipelines.paths import RUN_OWNER_FILE, artifact_root, run_folder_name
 
 log = logging.getLogger("hpml.runner")
 
@@ -48,9 +49,40 @@ class NodeResult:
         return asdict(self)
 
 
-def safe_run_id(run_id: str) -> str:
-    """A directory name for a run id (Airflow's contain ':' and '+')."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+def run_dir_for(pipeline_name: str, run_id: str) -> str:
+    """`<artifact root>/<pipeline>/<run folder>`: each run id has a folder of its own (`paths.run_folder_name`)."""
+    return os.path.join(artifact_root(), pipeline_name, run_folder_name(run_id))
+
+
+def claim_run_dir(run_dir: str, run_id: str) -> None:
+    """Make `run_dir` this run id's, or refuse with a SpecError where another run id owns it (or a run of an
+    earlier hpml left files in it): a run never writes into another run's folder. A retried run owns its own."""
+    marker = os.path.join(run_dir, RUN_OWNER_FILE)
+    if files.is_url(run_dir):
+        if not files.exists(marker):
+            if files.isdir(run_dir) and files.listdir(run_dir):
+                _refuse_shared(run_dir, run_id, None)
+            files.write_text(marker, run_id)
+    else:
+        os.makedirs(run_dir, exist_ok=True)
+        try:
+            with open(marker, "x", encoding="utf-8") as handle:
+                handle.write(run_id)
+        except FileExistsError:
+            pass
+        else:
+            if set(os.listdir(run_dir)) != {RUN_OWNER_FILE}:  # files from before run folders were claimed
+                os.remove(marker)
+                _refuse_shared(run_dir, run_id, None)
+    owner = files.read_text(marker)
+    if owner != run_id:
+        _refuse_shared(run_dir, run_id, owner)
+
+
+def _refuse_shared(run_dir: str, run_id: str, owner: str | None) -> None:
+    whose = f"run {owner!r}" if owner is not None else "a run of an earlier hpml"
+    raise SpecError(f"run {run_id!r} cannot use the folder {run_dir}: it belongs to {whose}",
+                    hint="trigger the run with another run id; hpml never writes into another run's folder")
 
 
 def new_run_id() -> str:
@@ -61,8 +93,9 @@ def start(pipeline: Pipeline, values: Mapping[str, Any], run_id: str | None = No
           tags: Mapping[str, str] | None = None) -> RunContext:
     """Validate parameters (before any work), pick the run directory and open the run record."""
     validated = pipeline.validate(values)
-    run_id = run_id or new_run_id()
-    run_dir = os.path.join(artifact_root(), pipeline.name, safe_run_id(run_id))
+    run_id = new_run_id() if run_id is None else run_id
+    run_dir = run_dir_for(pipeline.name, run_id)
+    claim_run_dir(run_dir, run_id)
     mlflow_run_id = records.start(pipeline.name, run_id, validated, {
         "hpml.run_dir": run_dir, records.NODES_TAG: ",".join(node.id for node in pipeline.nodes), **(tags or {})})
     log.info("run %s of %s: artifacts under %s", run_id, pipeline.name, run_dir)

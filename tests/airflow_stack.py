@@ -23,6 +23,11 @@ USERNAME, PASSWORD = "admin", "hpml-browser-test"
 OUTSIDER, OUTSIDER_PASSWORD = "outsider", "hpml-outsider-test"
 
 
+def quote_run_id(run_id: str) -> str:
+    """A run id as one URL path segment: every '.' as %2E too, so that a run id '.' is not a dot segment."""
+    return urllib.parse.quote(run_id, safe="").replace(".", "%2E")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -141,12 +146,12 @@ class AirflowStack:
             return err.code, err.read()
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
-        found = self.api(f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances")
+        found = self.api(f"dags/{dag_id}/dagRuns/{quote_run_id(run_id)}/taskInstances")
         return {t["task_id"]: t["state"] for t in found["task_instances"]}
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> list[str]:
         """A task's log as the UI shows it, one line per event, from the REST API."""
-        found = self.api(f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/{task_id}/"
+        found = self.api(f"dags/{dag_id}/dagRuns/{quote_run_id(run_id)}/taskInstances/{task_id}/"
                          f"logs/{try_number}?full_content=true")
         content = found["content"]
         if isinstance(content, str):
@@ -158,7 +163,7 @@ class AirflowStack:
         """Until the run succeeded or failed; returns it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            run = self.api(f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}")
+            run = self.api(f"dags/{dag_id}/dagRuns/{quote_run_id(run_id)}")
             if run["state"] in ("success", "failed"):
                 return run
             time.sleep(3)

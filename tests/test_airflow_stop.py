@@ -30,13 +30,13 @@ def test_marking_a_running_trainer_failed_stops_its_workers(stack):
     import json
     import signal
 
-    from hpml.pipelines import records, runner
-    from hpml.pipelines.paths import artifact_root
+    from hpml.pipelines import records
+    from hpml.pipelines.paths import artifact_root, run_folder_name
 
     conf = {"epochs": 1000, "num_workers": 2, "strategy": "multi_worker_mirrored", "batch_size": 8}
     run_id = stack.api("dags/penguin/dagRuns", "POST", {"logical_date": None, "conf": conf})["dag_run_id"]
     quoted = urllib.parse.quote(run_id, safe="")
-    model = os.path.join(artifact_root(), "penguin", runner.safe_run_id(run_id), "Trainer", "model")
+    model = os.path.join(artifact_root(), "penguin", run_folder_name(run_id), "Trainer", "model")
     pids_file = model + ".work/pids.json"
 
     def training():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_stack import OUTSIDER, OUTSIDER_PASSWORD, PASSWORD, USERNAME
+from airflow_stack import OUTSIDER, OUTSIDER_PASSWORD, PASSWORD, USERNAME, quote_run_id
 
 CHROMIUM = "/usr/bin/chromium"
 # The UI is at an IP literal. Even with background networking, component updates and sync off, Chromium looked up
@@ -315,3 +315,87 @@ def test_the_report_views_endpoints_need_a_user_who_may_read_the_dag_and_serve_o
     # The tab on a run that has no hpml record (a DAG that is not an hpml pipeline) says so, and polls nothing.
     status, page = stack.get("/hpml/runs/some_other_dag/scheduled__2026-01-01/", token=admin)
     assert status == 200 and b"has no hpml run record" in page and b"const LIVE = false;" in page
+
+
+def test_run_ids_that_fold_together_get_folders_of_their_own_and_a_run_id_of_a_dot_fails_at_once(stack):
+    """Airflow accepts both `sec~col` and `sec_col`: each run writes its own folder and its own report. Airflow also
+    accepts `.`, which its own execution API cannot carry: that run fails in its first task, with a message."""
+    from hpml.pipelines import records
+
+    ids = ["sec~col", "sec_col"]
+    for run_id in [*ids, "."]:
+        stack.api("dags/penguin/dagRuns", "POST", {"dag_run_id": run_id, "logical_date": None,
+                                                   "conf": {"epochs": 1}})
+    dot = stack.wait_for_run("penguin", ".", RUN_TIMEOUT_S)
+    assert dot["state"] == "failed"
+    assert stack.task_states("penguin", ".")["start_run"] == "failed"
+    log = json.dumps(stack.api("dags/penguin/dagRuns/%2E/taskInstances/start_run/logs/1?full_content=true"))
+    assert "run id '.' cannot be used: Airflow cannot pass results between the tasks" in log, log[-3000:]
+    assert records.find("airflow.run_id", ".", "penguin") is None, "no run record is left RUNNING"
+
+    token, folders = stack.token(), set()
+    for run_id in ids:
+        assert stack.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)["state"] == "success", run_id
+        folders.add(records.load(records.find("airflow.run_id", run_id, "penguin")).tags["hpml.run_dir"])
+        status, body = stack.get(f"/hpml/runs/penguin/{quote_run_id(run_id)}/report/report.html", token=token)
+        assert status == 200 and f"<h1>penguin run {run_id}</h1>".encode() in body, (run_id, body[:300])
+    assert len(folders) == 2
+
+
+def test_report_files_are_served_as_content_that_runs_no_script(page, stack, training_run):
+    """An HTML or SVG file planted in a run's report folder (a user module or a shared store can write there) runs
+    no script on Airflow's origin, where the UI's token lives: the browser gets it sandboxed, with no scripts."""
+    from hpml.pipelines import records
+    from hpml.pipelines.airflow.report_app import REPORT_FILE_POLICY
+
+    run_id = training_run
+    stack.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
+    report = os.path.join(records.load(records.find("airflow.run_id", run_id, "penguin")).tags["hpml.run_dir"],
+                          "report")
+    planted = {
+        "planted.html": "<!doctype html><html><body><p>planted</p><img src=x onerror=\"console.log('ran:img '"
+                        " + document.cookie)\"><script>console.log('ran:html ' + document.cookie)</script></body></html>",
+        "planted.svg": "<svg xmlns='http://www.w3.org/2000/svg' onload=\"console.log('ran:svg-onload')\">"
+                       "<script>console.log('ran:svg ' + document.cookie)</script><text y='20'>planted</text></svg>",
+    }
+    for name, text in planted.items():
+        with open(os.path.join(report, name), "w") as handle:
+            handle.write(text)
+    ran = []
+
+    def console(message):
+        if message.text.startswith("ran:"):
+            ran.append(message.text)
+
+    page.on("console", console)
+    # The same markup does run script where no policy stops it: the check below could fail.
+    page.set_content(planted["planted.html"])
+    page.wait_for_timeout(500)
+    assert any(text.startswith("ran:html") for text in ran), ran
+    ran.clear()
+
+    base = f"{stack.url}/hpml/runs/penguin/{urllib.parse.quote(run_id, safe='')}"
+    for name in [*planted, "report.html"]:
+        response = page.goto(f"{base}/report/{name}")
+        assert response.status == 200, name
+        assert response.headers["content-security-policy"] == REPORT_FILE_POLICY
+        assert response.headers["x-content-type-options"] == "nosniff"
+        page.get_by_text("planted" if name != "report.html" else "Per class").first.wait_for()
+        page.wait_for_timeout(500)
+    page.remove_listener("console", console)
+    assert ran == [], "a planted file ran script"
+    # The report itself needs none: it still draws, images included, in the Report tab's frame and on its own.
+    assert page.locator('img[alt="confusion matrix"]').evaluate("img => img.naturalWidth") > 0
+
+    # Raw requests: a NUL byte in a report path is a 404 like every other bad path, not a server error.
+    token = stack.token()
+    for path in ("report.html%00.png", "%00", "report.html%00"):
+        status, body = stack.get(f"/hpml/runs/penguin/{urllib.parse.quote(run_id, safe='')}/report/{path}",
+                                 token=token)
+        assert status == 404, (path, status, body[:200])
+    assert stack.get(f"/hpml/runs/penguin/{urllib.parse.quote(run_id, safe='')}%00/status.json",
+                     token=token)[0] == 404
+    # The view's own text never lands inside the user's: a run id that names a placeholder stays as it is.
+    status, body = stack.get("/hpml/runs/penguin/%40BODY%40%3Cb%3E/", token=token)
+    assert status == 200 and b"<title>hpml \xc2\xb7 penguin \xc2\xb7 @BODY@&lt;b&gt;</title>" in body, body[:400]
+    assert body.count(b"has no hpml run record") == 1

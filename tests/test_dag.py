@@ -82,10 +82,9 @@ def test_run_record_contents(penguin_dag_run):
     assert summary.tags["airflow.dag_id"] == "penguin" and summary.tags["airflow.run_id"] == run_id
     assert set(summary.durations) == {"ExampleGen", "Transform", "Trainer"}
     assert all(seconds > 0 for seconds in summary.durations.values())
-    from hpml.pipelines.paths import artifact_root
-    from hpml.pipelines.runner import safe_run_id
+    from hpml.pipelines.paths import artifact_root, run_folder_name
 
-    run_dir = os.path.join(artifact_root(), "penguin", safe_run_id(run_id))
+    run_dir = os.path.join(artifact_root(), "penguin", run_folder_name(run_id))
     assert summary.tags["hpml.run_dir"] == run_dir
     for node, outputs in summary.outputs.items():
         for name, uri in outputs.items():

@@ -67,7 +67,7 @@ def test_a_finished_runs_status_names_its_components_report_and_how_to_open_it(p
 
 
 @pytest.mark.parametrize("path", ["../secret.txt", "/etc/passwd", "a/../../secret.txt", "", ".", "link.txt",
-                                  "sub\\..\\..\\secret.txt", "nope.png", "sub"])
+                                  "sub\\..\\..\\secret.txt", "nope.png", "sub", "report.html\x00.png"])
 def test_only_files_inside_the_report_are_served(tmp_path, path):
     from fastapi import HTTPException
 

@@ -88,6 +88,12 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
 
         @task(task_id="start_run")
         def start_run(params=None, dag_run=None):
+            if dag_run.run_id.strip(".") == "":
+                # Airflow's execution API puts the run id in its URL paths, where '.' is a path segment that
+                # HTTP clients drop: this task could not hand its result on, and the run would never end.
+                raise AirflowFailException(
+                    f"run id {dag_run.run_id!r} cannot be used: Airflow cannot pass results between the tasks of a "
+                    "run with this id. Trigger the run again with another run id (or none, for Airflow's own)")
             context = runner.start(
                 pipeline, dict(params), run_id=dag_run.run_id,
                 tags={"airflow.dag_id": dag_run.dag_id, "airflow.run_id": dag_run.run_id},

@@ -14,6 +14,8 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
+import secrets
 from importlib import resources
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -25,6 +27,24 @@ from hpml.pipelines.report import report_dir
 
 _TYPES = {".html": "text/html; charset=utf-8", ".png": "image/png", ".json": "application/json",
           ".svg": "image/svg+xml", ".txt": "text/plain; charset=utf-8"}
+# A run's report is static: HTML with inline styles and images. Served on Airflow's origin, where the UI's token
+# lives, a file in a report folder must never run script: `sandbox` gives it an origin of its own and no scripts,
+# and nothing but styles and images may load. This holds for HTML and SVG alike, whoever wrote the file.
+REPORT_FILE_POLICY = ("sandbox; default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; "
+                      "frame-ancestors 'self'")
+_NOT_FOUND = "no such file in this run's report"
+
+
+def _view_policy(nonce: str) -> str:
+    """The view page's own policy: its one inline script (by nonce), status.json and the report's frame."""
+    return (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src 'self' data:; "
+            "connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    """The template with each `@NAME@` replaced in one pass: a value is never searched for placeholders, so
+    user text in one (a run id) cannot pull another's content into it."""
+    return re.sub(r"@([A-Z]+)@", lambda match: values.get(match.group(1), match.group(0)), template)
 
 
 def _user_who_may_read_runs(request: Request, dag_id: str):
@@ -34,6 +54,8 @@ def _user_who_may_read_runs(request: Request, dag_id: str):
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
     from airflow.models.dag import DagModel
 
+    if "\0" in dag_id or "\0" in request.path_params.get("run_id", ""):  # no DAG or run has one
+        raise HTTPException(status_code=404, detail="no such DAG run")
     user = request.state.hpml_user
     details = DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id))
     if not get_auth_manager().is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN, details=details,
@@ -64,15 +86,16 @@ def report_file(directory: str, path: str) -> str:
     """The path of a file inside the report directory; a path that is absolute, climbs out (`..`), or is a
     symlink resolving outside it is refused."""
     parts = path.split("/")
-    if not path or path.startswith("/") or "\\" in path or any(part in ("", ".", "..") for part in parts):
-        raise HTTPException(status_code=404, detail="no such file in this run's report")
+    if (not path or path.startswith("/") or "\\" in path or "\0" in path
+            or any(part in ("", ".", "..") for part in parts)):
+        raise HTTPException(status_code=404, detail=_NOT_FOUND)
     full = os.path.join(directory, *parts)
     if not files.is_url(full):
         root = os.path.realpath(directory)
         if os.path.commonpath([root, os.path.realpath(full)]) != root:
-            raise HTTPException(status_code=404, detail="no such file in this run's report")
+            raise HTTPException(status_code=404, detail=_NOT_FOUND)
     if not files.exists(full) or files.isdir(full):
-        raise HTTPException(status_code=404, detail="no such file in this run's report")
+        raise HTTPException(status_code=404, detail=_NOT_FOUND)
     return full
 
 
@@ -88,14 +111,15 @@ def create_app() -> FastAPI:
     @app.get("/runs/{dag_id}/{run_id}/", response_class=HTMLResponse)
     def view(dag_id: str, run_id: str, _=Depends(_user_who_may_read_runs)):
         found = run_status.find_run(dag_id, run_id)
-        if found is None:
-            body = (f"<p>Run <code>{html.escape(run_id)}</code> of DAG <code>{html.escape(dag_id)}</code> has no hpml "
-                    "run record. This view shows the runs of hpml pipelines; an hpml run's record opens when its "
-                    "<code>start_run</code> task runs.</p>")
-            return HTMLResponse(page.replace("@TITLE@", html.escape(f"{dag_id} · {run_id}"))
-                                .replace("@BODY@", body).replace("@LIVE@", "false"))
-        return HTMLResponse(page.replace("@TITLE@", html.escape(f"{dag_id} · {run_id}")).replace("@BODY@", "")
-                            .replace("@LIVE@", "true"))
+        body = "" if found is not None else (
+            f"<p>Run <code>{html.escape(run_id)}</code> of DAG <code>{html.escape(dag_id)}</code> has no hpml run "
+            "record. This view shows the runs of hpml pipelines; an hpml run's record opens when its "
+            "<code>start_run</code> task runs.</p>")
+        nonce = secrets.token_urlsafe(16)
+        return HTMLResponse(fill(page, {"TITLE": html.escape(f"{dag_id} · {run_id}"), "BODY": body,
+                                        "LIVE": "false" if found is None else "true", "NONCE": nonce}),
+                            headers={"Content-Security-Policy": _view_policy(nonce),
+                                     "X-Content-Type-Options": "nosniff"})
 
     @app.get("/runs/{dag_id}/{run_id}/status.json")
     def status(dag_id: str, run_id: str, _=Depends(_user_who_may_read_runs)):
@@ -110,6 +134,7 @@ def create_app() -> FastAPI:
             body = handle.read()
         media = _TYPES.get(os.path.splitext(full)[1].lower(), "application/octet-stream")
         return Response(body, media_type=media, headers={"Cache-Control": "no-store",
+                                                         "Content-Security-Policy": REPORT_FILE_POLICY,
                                                          "X-Content-Type-Options": "nosniff"})
 
     return app
