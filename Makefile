@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # `make run` keeps its state (artifacts, run records, the local Airflow) in the checkout, not in ~/.local/share.
 export HPML_HOME ?= $(CURDIR)/.hpml
 
-.PHONY: env browser postgres run test test-tfx tfx-requirements bench bench-input bench-e2e bench-scale bench-step clean
+.PHONY: env browser postgres hosts-deps cluster cluster-down run test test-tfx tfx-requirements bench bench-input bench-e2e bench-scale bench-step clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -46,7 +46,22 @@ postgres:
 	@test -n "$(POSTGRES)" || { echo "installing Debian's postgresql for the deployment test"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
 
-test: env browser postgres
+# The multi-host tests run Debian's Slurm (controller, nodes, munge) on test hosts (network namespaces); install it
+# when missing.
+hosts-deps:
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null || { \
+	  echo "installing Debian's slurm-wlm and munge for the multi-host tests"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge; }
+
+# Test hosts to look at by hand: control, storage, worker1 and worker2 as network namespaces on a bridge (root).
+# Ctrl-C removes them; `make cluster-down` removes ones a killed session left behind.
+cluster: env hosts-deps
+	$(VENV)/bin/python -m tests.cluster up
+
+cluster-down: env
+	$(VENV)/bin/python -m tests.cluster down
+
+test: env browser postgres hosts-deps
 	$(VENV)/bin/python -m pytest
 	@$(MAKE) --no-print-directory test-tfx
 

@@ -137,9 +137,9 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
             metrics.append(Metric("gpipe.executed_bubble", gpipe["executed_bubble"], now, 0))
             tags.append(RunTag("gpipe.executed_in_schedule_order", str(gpipe["executed_in_schedule_order"])))
     launch = properties.get("launch")
-    if launch and "job" in launch:  # a remote job (TFJob or Vertex AI CustomJob)
+    if launch and "job" in launch:  # a remote job (TFJob, Vertex AI CustomJob, Slurm job ids)
         tags.append(RunTag("hpml.remote_job", f"{launch['launcher']}:{launch['job']}"))
-    elif launch:
+    if launch and "restarts" in launch:  # a launcher that restarts the job itself (local, slurm)
         metrics += [Metric("restarts", launch["restarts"], now, 0), Metric("steps_lost", launch["steps_lost"], now, 0),
                     Metric("recovery_seconds", sum(launch["recovery_seconds"]), now, 0)]
         if launch.get("restarted_in_place"):  # parameter-server workers restarted without the cluster

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from hpml.components.errors import SpecError
 from hpml.components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding
+from hpml.components.trainer.launchers.cluster_job import LAUNCHERS
 from hpml.components.trainer.strategies import CLUSTER_STRATEGIES, STRATEGIES
 
 REMAT_DEFAULT = "except_last"  # what gpipe does unless told; any other value without gpipe is refused
@@ -57,11 +58,12 @@ def training_params_schema(default_data_path: str) -> dict:
                 "description": "tf.distribute strategy, or gpipe; auto picks one from the devices and cluster.",
             },
             "launcher": {
-                "type": "string", "enum": ["local", "kubernetes", "vertex"], "default": "local",
+                "type": "string", "enum": list(LAUNCHERS), "default": "local",
                 "title": "Launcher",
                 "description": "Where Trainer workers run: local processes on loopback; kubernetes (Kubeflow "
                                "TFJob) and vertex (Vertex AI CustomJob) need the deployment's HPML_CLUSTER_CONFIG "
-                               "(image, namespace, ...).",
+                               "(image, namespace, ...); slurm submits to the deployment's Slurm cluster, one "
+                               "task per node.",
             },
             "remat": {
                 "type": "string", "enum": ["never", "except_last", "always"], "default": REMAT_DEFAULT,
@@ -176,6 +178,8 @@ def cluster_config(launcher: str) -> dict:
     from hpml.components.trainer.launchers.remote import RemoteCluster
 
     path = os.environ.get("HPML_CLUSTER_CONFIG")
+    if not path and launcher == "slurm":  # Slurm's own settings (SLURM_CONF) name the cluster
+        return {}
     if not path:
         raise SpecError(f"parameter 'launcher': {launcher!r} submits to a remote cluster, which needs a "
                         "container image of this project and cluster credentials that this deployment does not "

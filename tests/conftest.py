@@ -107,3 +107,45 @@ def gcs(gcs_server, monkeypatch):
     for name, value in gcs_server.env().items():
         monkeypatch.setenv(name, value)
     return gcs_server
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Test hosts (network namespaces on a bridge, tests/cluster.py): control, storage, worker1 and worker2."""
+    from tests.cluster import Cluster
+
+    hosts = Cluster().up()
+    yield hosts
+    hosts.down()
+
+
+@pytest.fixture(scope="session")
+def cluster_store(cluster):
+    """The gs:// object store on the storage host; no folder is shared between hosts."""
+    from tests.cluster_services import ClusterStore
+
+    return ClusterStore(cluster).start()
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster):
+    """Slurm on the test hosts: the controller on control, a node on each worker host."""
+    from tests.cluster_services import SlurmCluster
+
+    return SlurmCluster(cluster).start()
+
+
+@pytest.fixture(scope="session")
+def store_penguin(cluster_store, penguin_csv):
+    """Penguin's ExampleGen and Transform outputs on the cluster's store, made once from this process."""
+    from hpml.components.example_gen import EXAMPLE_GEN
+    from hpml.components.transform import TRANSFORM
+    from tests.helpers import store_env
+
+    root = f"{cluster_store.root}/penguin"
+    gen = {"examples": f"{root}/examples", "schema": f"{root}/schema"}
+    transform = {key: f"{root}/{key}" for key in ("transform_graph", "transformed_examples", "input_pipeline")}
+    with store_env(cluster_store.env(None)):
+        EXAMPLE_GEN.run({}, gen, {"input_path": penguin_csv})
+        TRANSFORM.run(gen, transform, {"module": "hpml.examples.penguin.module"})
+    return {"ExampleGen": gen, "Transform": transform}

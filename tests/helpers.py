@@ -2,6 +2,8 @@
 `conftest`, so `from tests.conftest import ...` would run it a second time, and a second run starts a new
 session HPML_HOME in the middle of the session."""
 
+import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -41,3 +43,18 @@ def quickstart_csv(folder: Path) -> Path:
     script = step.split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0]
     subprocess.run([sys.executable, "-c", script], cwd=folder, check=True)
     return folder / "customers.csv"
+
+
+@contextlib.contextmanager
+def store_env(env: dict):
+    """This process's environment with `env` on top (an object store's settings), put back afterwards."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

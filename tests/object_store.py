@@ -151,14 +151,17 @@ class _Front(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
 
 
-def _serve_front(port_file: str, emulator_port: int, cert: str, key: str) -> None:
-    """The front's own process: TF holds the GIL while it waits on some requests, so it cannot run in the test's."""
+def _serve_front(port_file: str, emulator_port: int, cert: str, key: str, address: str = "127.0.0.1",
+                 port: int = 0) -> None:
+    """The front's own process: TF holds the GIL while it waits on some requests, so it cannot run in the test's.
+    It writes the port it listens on to `port_file` (none where `port` is given: a test host's store)."""
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
-    front = _Front(("127.0.0.1", 0), _FrontHandler)
+    front = _Front((address, port), _FrontHandler)
     front.tls, front.emulator_port = tls, emulator_port
-    Path(port_file + ".tmp").write_text(str(front.server_address[1]))
-    os.replace(port_file + ".tmp", port_file)
+    if not port:
+        Path(port_file + ".tmp").write_text(str(front.server_address[1]))
+        os.replace(port_file + ".tmp", port_file)
     front.serve_forever()
 
 

@@ -18,6 +18,7 @@ from hpml.components.input_pipeline.shards import explain_read_error
 from hpml.components.input_pipeline.stall import STALL_FILE
 from hpml.components.trainer.fn_args import FnArgs, for_epochs, input_pipeline_data_accessor, tfxio_data_accessor
 from hpml.components.trainer.launchers import remote
+from hpml.components.trainer.launchers.cluster_job import REMOTE_LAUNCHERS
 from hpml.components.trainer.progress_state import progress_dir, working_dir_for
 from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
 from hpml.components.trainer.strategies import CLUSTER_STRATEGIES
@@ -53,7 +54,7 @@ def make_plan(params) -> plan_mod.Plan:
 
 
 def _remote(params) -> bool:
-    return params["launcher"] in ("kubernetes", "vertex")
+    return params["launcher"] in REMOTE_LAUNCHERS
 
 
 def _check_inputs(examples: str, splits: list[str]) -> list[str]:
@@ -192,11 +193,13 @@ def _launch_remote(fn_args: FnArgs, params, plan, cluster: remote.RemoteCluster,
     """Run the workers as a TFJob or a Vertex AI CustomJob; they read the job file from shared storage."""
     from hpml.components.trainer.launchers.cluster_job import ClusterJob
 
+    remote.check_reachable(params["launcher"], cluster, fn_args.working_dir)
     job = ClusterJob(name=remote.job_name(model_uri), image=cluster.image, job_uri=_write_job(fn_args, params, plan),
                      strategy=plan.strategy, num_workers=params["num_workers"], num_ps=params["num_ps"],
                      gpus_per_worker=cluster.gpus_per_worker, cpu=cluster.cpu, memory=cluster.memory,
                      max_restarts=params["max_restarts"])
-    report = remote.launch(params["launcher"], cluster, job)
+    report = remote.launch(params["launcher"], cluster, job, fn_args.working_dir, progress_dir(fn_args.working_dir),
+                           params["max_restarts"])
     log.info("remote job finished: %s", report)
     return report
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from hpml.components import artifacts
 from hpml.components.spec import ComponentSpec, Parameter, names, non_empty
+from hpml.components.trainer.launchers.cluster_job import LAUNCHERS
 from hpml.components.trainer.strategies import STRATEGIES
 
 
@@ -15,7 +16,7 @@ def _save_freq(value):
 def _cluster_needs_a_remote_launcher(params):
     if params["cluster"] and params["launcher"] == "local":
         return ("parameter 'cluster' is set but launcher is 'local', which starts its workers on this machine and "
-                "would ignore it; set launcher to 'kubernetes' or 'vertex', or leave cluster out")
+                "would ignore it; set launcher to 'kubernetes', 'vertex' or 'slurm', or leave cluster out")
     return None
 
 
@@ -43,11 +44,14 @@ TRAINER = ComponentSpec(
         "hyperparameters": Parameter(dict, {}),
         "custom_config": Parameter(dict, {}),
         "strategy": Parameter(str, "auto", choices=STRATEGIES),
-        "launcher": Parameter(str, "local", choices=("local", "kubernetes", "vertex"),
-                              help="local processes on loopback, a Kubeflow TFJob, or a Vertex AI CustomJob"),
+        "launcher": Parameter(str, "local", choices=LAUNCHERS,
+                              help="local processes on loopback, a Kubeflow TFJob, a Vertex AI CustomJob, or a "
+                                   "Slurm job (one task per node)"),
         "cluster": Parameter(dict, {}, help="for kubernetes/vertex: image, namespace, gpus_per_worker, cpu, memory, "
                                             "kube_context, poll_seconds, timeout_seconds; vertex: project, "
-                                            "location, staging_bucket, machine_type, accelerator_type"),
+                                            "location, staging_bucket, machine_type, accelerator_type; slurm: "
+                                            "partition, python, port, gpus_per_worker, shared_filesystem, "
+                                            "poll_seconds, timeout_seconds"),
         "num_workers": Parameter(int, 1, check=lambda n: None if n >= 1 else "must be >= 1"),
         "num_ps": Parameter(int, 0, check=lambda n: None if n >= 0 else "must be >= 0"),
         "max_restarts": Parameter(int, 2, check=lambda n: None if n >= 0 else "must be >= 0"),

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from hpml.components.errors import SpecError
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Launchers that run the workers on a cluster, and every launcher the Trainer knows.
+REMOTE_LAUNCHERS = ("kubernetes", "vertex", "slurm")
+LAUNCHERS = ("local", *REMOTE_LAUNCHERS)
 
 
 @dataclass(frozen=True)

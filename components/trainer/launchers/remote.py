@@ -1,9 +1,9 @@
-"""The Trainer's remote launches: a Kubeflow TFJob or a Vertex AI CustomJob running the worker
+"""The Trainer's remote launches: a Kubeflow TFJob, a Vertex AI CustomJob or a Slurm job running the worker
 entry point on the job file the Trainer wrote.
 
 The cluster must reach the artifact root (HPML_ARTIFACT_ROOT) as the Trainer task does: on an object store
-(gs://), or on shared storage mounted at the same path in every pod (a PVC). `RemoteCluster` is the Trainer's
-`cluster` parameter, typed.
+(gs://), or on shared storage mounted at the same path in every pod or node (a PVC, NFS). `RemoteCluster` is the
+Trainer's `cluster` parameter, typed.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ log = logging.getLogger("hpml.launcher.remote")
 class RemoteCluster:
     """Where and how a remote Trainer job runs."""
 
-    image: str
+    image: str = ""  # kubernetes, vertex: the training image
     namespace: str = "default"
     gpus_per_worker: int = 0
     cpu: str = "4"
@@ -42,6 +42,10 @@ class RemoteCluster:
     api_endpoint: str | None = None  # None: the region's endpoint; else e.g. a Private Service Connect one
     machine_type: str = vertex.DEFAULT_MACHINE
     accelerator_type: str = vertex.DEFAULT_ACCELERATOR
+    partition: str | None = None  # Slurm: None for the cluster's default partition
+    python: str = "python"  # Slurm: the interpreter on the nodes, in an environment with hpml installed
+    port: int = 8888  # Slurm: each task's TF gRPC port on its node
+    shared_filesystem: bool = False  # Slurm: the artifact root is a mount every node has at the same path
 
     @classmethod
     def from_params(cls, launcher: str, raw: dict) -> "RemoteCluster":
@@ -56,9 +60,14 @@ class RemoteCluster:
             if text and not (isinstance(value, str) or (optional and value is None)):
                 raise SpecError(f"Trainer: cluster.{name} must be a string, got {value!r}",
                                 hint='e.g. "cpu": "4", "memory": "16Gi"')
-        if not raw.get("image"):
+        if launcher != "slurm" and not raw.get("image"):
             raise SpecError(f"Trainer: launcher {launcher!r} needs cluster.image, the training image to run",
                             hint="build it from infra/Dockerfile and push it where the cluster can pull it")
+        if "shared_filesystem" in raw and not isinstance(raw["shared_filesystem"], bool):
+            raise SpecError(f"Trainer: cluster.shared_filesystem must be true or false, got {raw['shared_filesystem']!r}")
+        if "port" in raw and (not isinstance(raw["port"], int) or isinstance(raw["port"], bool)
+                              or not 1024 <= raw["port"] <= 65000):
+            raise SpecError(f"Trainer: cluster.port must be a port number from 1024 to 65000, got {raw['port']!r}")
         for name in ("gpus_per_worker",):
             if name in raw and (not isinstance(raw[name], int) or isinstance(raw[name], bool) or raw[name] < 0):
                 raise SpecError(f"Trainer: cluster.{name} must be a whole number >= 0, got {raw[name]!r}")
@@ -102,9 +111,26 @@ def kubernetes_api_client(context: str | None):
     return client.ApiClient(configuration)
 
 
-def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob) -> dict:
+def check_reachable(launcher: str, cluster: RemoteCluster, working_dir: str) -> None:
+    """A Slurm job's nodes read the job file and write backups and logs where the Trainer does: refuse a local
+    working dir unless the cluster says it is a shared mount."""
+    if launcher == "slurm" and not files.is_url(working_dir) and not cluster.shared_filesystem:
+        raise SpecError(f"Trainer: launcher 'slurm' runs the workers on other hosts, which cannot read {working_dir} "
+                        "on this one", hint="put the artifact root on an object store (HPML_ARTIFACT_ROOT=gs://...), "
+                                            "or set cluster.shared_filesystem to true where it is a mount every "
+                                            "node has")
+
+
+def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob, working_dir: str = "", progress: str = "",
+           max_restarts: int = 2) -> dict:
     """Submit the job and wait for it; returns what the run record keeps. Raises if it fails."""
     started = time.monotonic()
+    if launcher == "slurm":
+        from hpml.components.trainer.launchers import slurm
+
+        return slurm.run(job, working_dir, progress, partition=cluster.partition, python=cluster.python,
+                         port=cluster.port, max_restarts=max_restarts, timeout_s=cluster.timeout_seconds,
+                         poll_s=cluster.poll_seconds)
     if launcher == "kubernetes":
         from hpml.components.trainer.launchers import kubernetes as k8s
 

@@ -1,0 +1,63 @@
+"""Beam across hosts: ExampleGen and Transform drive Beam's portable runner from the control host, their work runs in
+EXTERNAL SDK worker pools on the worker hosts, and every byte between them goes through the object store on the
+storage host. The outputs equal a one-host run's."""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tests.cluster_services import beam_job_service, beam_worker_pool, portable_args
+from tests.test_beam_processes import _assets, _records, _rows
+
+DRIVER = """
+import json, sys
+from hpml.components.example_gen import EXAMPLE_GEN
+from hpml.components.transform import TRANSFORM
+gen, transform, csv, example_gen_args, transform_args = json.loads(sys.argv[1])
+EXAMPLE_GEN.run({}, gen, {"input_path": csv, "beam_pipeline_args": example_gen_args})
+TRANSFORM.run(gen, transform, {"module": "hpml.examples.penguin.module", "beam_pipeline_args": transform_args})
+"""
+
+
+def _outputs(root: str) -> tuple[dict, dict]:
+    gen = {"examples": f"{root}/examples", "schema": f"{root}/schema"}
+    return gen, {key: f"{root}/{key}" for key in ("transform_graph", "transformed_examples", "input_pipeline")}
+
+
+def test_example_gen_and_transform_run_on_worker_pools_on_other_hosts_and_write_what_one_host_writes(
+        cluster, cluster_store, penguin_csv, tmp_path, monkeypatch):
+    import json
+
+    from hpml.components.example_gen import EXAMPLE_GEN
+    from hpml.components.transform import TRANSFORM
+
+    control, worker1, worker2 = cluster["control"], cluster["worker1"], cluster["worker2"]
+    for host in (worker1, worker2):
+        beam_worker_pool(host, cluster_store.env(host))
+    beam_job_service(control, cluster_store.env(control))
+    for name, value in cluster_store.env(None).items():
+        monkeypatch.setenv(name, value)
+    csv = f"{cluster_store.root}/beam/penguins.csv"
+    tf.io.gfile.copy(penguin_csv, csv, overwrite=True)
+
+    # The driver on the control host: ExampleGen's work on worker1, Transform's on worker2.
+    gen, transform = _outputs(f"{cluster_store.root}/beam/hosts")
+    control.run(["python", "-c", DRIVER, json.dumps([gen, transform, csv, portable_args(worker1),
+                                                      portable_args(worker2)])],
+                env=cluster_store.env(control), timeout=600)
+    pools = {host.name: (host.dir / "beam-pool.log").read_text(errors="replace") for host in (worker1, worker2)}
+    for name, log in pools.items():
+        # The pool started an SDK worker on its own host, which called back to the driver's host by name.
+        assert 'SdkHarness("control:' in log and "Traceback" not in log, (name, log[-3000:])
+    assert not os.path.exists(control.dir / "tmp" / "beam-temp"), "no work on the control host's disk"
+
+    local_gen, local_transform = _outputs(str(tmp_path / "one_host"))
+    EXAMPLE_GEN.run({}, local_gen, {"input_path": penguin_csv, "beam_pipeline_args": []})
+    TRANSFORM.run(local_gen, local_transform, {"module": "hpml.examples.penguin.module"})
+    for split in ("train", "eval"):
+        assert _records(gen["examples"], split) == _records(local_gen["examples"], split)
+        np.testing.assert_allclose(_rows(transform["transformed_examples"], split),
+                                   _rows(local_transform["transformed_examples"], split), rtol=1e-6, atol=1e-6)
+    assert tf.io.gfile.GFile(f"{gen['schema']}/schema.pbtxt").read() == \
+        open(f"{local_gen['schema']}/schema.pbtxt").read()
+    assert _assets(transform["transform_graph"]) == _assets(local_transform["transform_graph"])

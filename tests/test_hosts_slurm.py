@@ -1,0 +1,171 @@
+"""The Trainer on a cluster scheduler: launcher `slurm` submits the MultiWorkerMirrored job to Slurm on the test hosts,
+one task per worker host; the tasks address each other through TF's SlurmClusterResolver and share nothing with the
+Trainer but the object store. A worker host that dies mid-training (every process on it SIGKILLed, Slurm's daemon
+included) costs a resubmission that resumes from the last backup on the store, and the model ends the same."""
+import json
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import REPO, store_env
+
+LOGS = REPO / "test-artifacts" / "hosts"  # each Trainer task's log, to read after a run
+EPOCHS, BATCH, STEPS_PER_EPOCH = 8, 16, 14  # penguin's 217 training rows in batches of 16
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+TRAIN = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+from hpml.components.trainer import TRAINER
+inputs, outputs, params = json.loads(sys.argv[1])
+properties = TRAINER.run(inputs, outputs, params)
+print("LAUNCH " + json.dumps(properties["launch"]))
+"""
+
+
+def _params(**cluster) -> dict:
+    return {"module": "hpml.examples.penguin.module", "launcher": "slurm", "strategy": "multi_worker_mirrored",
+            "num_workers": 2, "backup_save_freq": 5, "max_restarts": 2,
+            "hyperparameters": {"epochs": EPOCHS, "batch_size": BATCH},
+            "cluster": {"poll_seconds": 1, "timeout_seconds": 900, **cluster}}
+
+
+def _inputs(store_penguin) -> dict:
+    transform = store_penguin["Transform"]
+    return {"examples": transform["transformed_examples"], "transform_graph": transform["transform_graph"],
+            "input_pipeline": transform["input_pipeline"], "schema": store_penguin["ExampleGen"]["schema"]}
+
+
+def _train(cluster, cluster_store, slurm, inputs, outputs, params):
+    """The Trainer task on the control host, as a Celery worker there would run it; returns (launch report, log)."""
+    control = cluster["control"]
+    env = {**cluster_store.env(control), **slurm.env(control)}
+    result = control.run(["python", "-c", TRAIN, json.dumps([inputs, outputs, params])], env=env, timeout=900,
+                         check=False)
+    log = result.stdout + result.stderr
+    LOGS.mkdir(parents=True, exist_ok=True)
+    (LOGS / f"trainer-{outputs['model'].split('/')[-2]}.log").write_text(log)
+    assert result.returncode == 0, log[-5000:]
+    launch = json.loads(next(line for line in log.splitlines() if line.startswith("LAUNCH "))[len("LAUNCH "):])
+    return launch, log
+
+
+def _weights(model: str) -> dict:
+    reader = tf.train.load_checkpoint(f"{model}/Format-Serving/variables/variables")
+    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
+            if key.endswith("VARIABLE_VALUE") and "save_counter" not in key}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster, cluster_store, slurm, store_penguin):
+    outputs = {"model": f"{cluster_store.root}/slurm/plain/model", "model_run": f"{cluster_store.root}/slurm/plain/run"}
+    launch, log = _train(cluster, cluster_store, slurm, _inputs(store_penguin), outputs, _params())
+    with store_env(cluster_store.env(None)):
+        weights = _weights(outputs["model"])
+    return {"launch": launch, "log": log, "weights": weights, "outputs": outputs}
+
+
+def test_the_trainer_runs_as_a_slurm_job_with_a_task_on_each_worker_host(uninterrupted):
+    launch, log = uninterrupted["launch"], uninterrupted["log"]
+    assert launch["launcher"] == "slurm" and len(launch["jobs"]) == 1 and launch["restarts"] == 0
+    assert launch["nodes"] == ["worker[1-2]"], launch
+    # Each task's log came back through the store: the chief on worker1, the other worker on worker2, each
+    # addressing the other by its host's name.
+    assert "[chief-0] chief-0 on worker1: {'chief': ['worker1:8888'], 'worker': ['worker2:8888']}" in log, log[-4000:]
+    assert "[worker-0] worker-0 on worker2:" in log
+    assert "[chief-0] chief-0 exited with 0" in log and "[worker-0] worker-0 exited with 0" in log
+    assert "a slurm job of 2 worker(s)" in log, "the plan says where the workers run"
+    assert any("kernel" in key for key in uninterrupted["weights"])
+
+
+def test_a_local_artifact_root_is_refused_before_anything_is_submitted(cluster, cluster_store, slurm, store_penguin):
+    control = cluster["control"]
+    env = {**cluster_store.env(control), **slurm.env(control)}
+    outputs = {"model": "/tmp/local/model", "model_run": "/tmp/local/run"}
+    result = control.run(["python", "-c", TRAIN, json.dumps([_inputs(store_penguin), outputs, _params()])],
+                         env=env, check=False)
+    assert result.returncode != 0
+    assert "launcher 'slurm' runs the workers on other hosts, which cannot read /tmp/local/model.work" in result.stderr
+    assert "Submitted" not in result.stdout + result.stderr and "submitted" not in result.stdout + result.stderr
+
+
+def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model_ends_the_same(
+        cluster, cluster_store, slurm, store_penguin, uninterrupted):
+    from hpml.components.trainer.progress_state import progress_dir, read_progress, working_dir_for
+
+    outputs = {"model": f"{cluster_store.root}/slurm/killed/model", "model_run": f"{cluster_store.root}/slurm/killed/run"}
+    work, worker2 = working_dir_for(outputs["model"]), cluster["worker2"]
+    killed, seen = {}, {}
+
+    def kill_worker2_mid_training():
+        deadline = time.monotonic() + 600
+        with store_env(cluster_store.env(None)):
+            while time.monotonic() < deadline:
+                try:
+                    progress = read_progress(progress_dir(work)) or {}
+                except OSError as err:  # replaced as it is read
+                    progress, seen["error"] = {}, f"{type(err).__name__}: {err}"[:300]
+                seen.update(step=progress.get("step"))
+                # Past two epochs (a backup every 5 steps), well before the end.
+                if 2 * STEPS_PER_EPOCH < progress.get("step", 0) < TOTAL_STEPS - 3 * STEPS_PER_EPOCH:
+                    killed.update(step=progress["step"], processes=worker2.kill())
+                    break
+                time.sleep(0.2)
+        if not killed:
+            return
+        time.sleep(15)  # the host is down; Slurm marks its node down and ends the job
+        slurm.start_munge(worker2)  # the host is back: its daemons start again
+        slurm.start_slurmd(worker2)
+
+    killer = threading.Thread(target=kill_worker2_mid_training, daemon=True)
+    killer.start()
+    launch, log = _train(cluster, cluster_store, slurm, _inputs(store_penguin), outputs, _params())
+    killer.join(timeout=60)
+    assert killed, f"training ended before worker2 could be killed; last seen {seen}"
+    assert killed["processes"] >= 3, "slurmd, munged and the task all died with the host"
+    assert launch["restarts"] == 1 and len(launch["jobs"]) == 2, launch
+    # The chief's task ended (TF's heartbeat found its peer gone, or the task's own watch of its peer's port);
+    # the launcher cancelled the job, whose lost node Slurm had not yet declared down.
+    assert re.fullmatch(r"Slurm job \d+: chief-0 exited with (1|75); the job was cancelled", launch["failures"][0]), \
+        launch["failures"]
+    assert launch["nodes"][-1] == "worker[1-2]", "the job ran again on both worker hosts, the lost one back"
+    assert len(launch["recovery_seconds"]) == 1 and launch["recovery_seconds"][0] > 0, launch
+    # Backups every 5 steps, progress read at most ~1 s late: a few steps to redo, never an epoch.
+    assert 0 <= launch["steps_lost"] <= STEPS_PER_EPOCH, launch
+    print(f"worker2 killed at step {killed['step']}; training again after {launch['recovery_seconds'][0]:.1f}s; "
+          f"{launch['steps_lost']} step(s) lost")
+    with store_env(cluster_store.env(None)):
+        resumed = _weights(outputs["model"])
+    assert sorted(resumed) == sorted(uninterrupted["weights"])
+    for key, value in uninterrupted["weights"].items():
+        np.testing.assert_array_equal(resumed[key], value, err_msg=key)
+
+
+def test_a_task_ends_once_a_peer_it_saw_up_stays_unreachable():
+    """The task's own watch (slurm_task.watch_peers), on its own: a peer that was up and then refuses connections
+    PEER_LOST_AFTER checks in a row is lost; one that never came up (still starting) is not."""
+    from hpml.components.trainer.launchers import slurm_task
+
+    config = {"cluster": {"chief": ["worker1:8888"], "worker": ["worker2:8888", "worker3:8888"]},
+              "task": {"type": "chief", "index": 0}}
+    answers = {"worker2:8888": iter([True, True, False, False, True, False, False, False]),
+               "worker3:8888": iter([False] * 20)}
+    asked = []
+
+    def reachable(peer):
+        asked.append(peer)
+        return next(answers[peer], False)
+
+    lost, stop = threading.Event(), threading.Event()
+    original = slurm_task.PEER_CHECK_S
+    slurm_task.PEER_CHECK_S = 0.001
+    try:
+        slurm_task.watch_peers(config, lost, stop, reachable)
+    finally:
+        slurm_task.PEER_CHECK_S = original
+    assert lost.is_set() and lost.peer == "worker2:8888"
+    assert asked.count("worker2:8888") == 8, "two misses then up again start the count over"
+    assert "worker1:8888" not in asked, "a task does not watch itself"
