@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 import urllib.parse
@@ -120,6 +121,7 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
         if _finite(value):
             metrics.append(Metric(f"eval_{key}", float(value), now, 0))
     tags = [RunTag(f"{ARTIFACT_TAG}{node_id}.{name}", uri) for name, uri in outputs.items()]
+    tags.append(RunTag(f"{HOST_TAG}{node_id}", socket.getfqdn()))  # which machine ran it (an Airflow worker)
     if properties.get("empty_columns"):  # input columns with no value in any row (ExampleGen)
         tags.append(RunTag(EMPTY_COLUMNS_TAG, ", ".join(properties["empty_columns"])))
     if properties.get("constant_features"):  # transformed features with one value in every train example
@@ -213,6 +215,7 @@ def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException, metric_p
     mlflow_client.set_tag(mlflow_run_id, "hpml.failed_node", node_id)
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__  # KeyboardInterrupt()
     mlflow_client.set_tag(mlflow_run_id, "hpml.error", text[:5000])
+    mlflow_client.set_tag(mlflow_run_id, f"{HOST_TAG}{node_id}", socket.getfqdn())
     if getattr(error, "hint", None):
         mlflow_client.set_tag(mlflow_run_id, "hpml.error_hint", str(error.hint)[:5000])
     history = getattr(error, "partial_history", None) or []
@@ -264,9 +267,11 @@ class RunSummary:
     input_files: int = 0
     empty_columns: list[str] = field(default_factory=list)  # input columns with no value in any row
     constant_features: list[str] = field(default_factory=list)  # transformed, one value in every train example
+    hosts: dict[str, str] = field(default_factory=dict)  # node -> the host that ran it
 
 
 NODES_TAG = "hpml.nodes"  # the pipeline's node ids in run order, comma-separated
+HOST_TAG = "hpml.host."  # + node id: the host name of the machine that ran the node
 
 
 def load(mlflow_run_id: str) -> RunSummary:
@@ -294,6 +299,7 @@ def load(mlflow_run_id: str) -> RunSummary:
         input_files=int(metrics.get("input_files", 0)),
         empty_columns=tags[EMPTY_COLUMNS_TAG].split(", ") if tags.get(EMPTY_COLUMNS_TAG) else [],
         constant_features=tags[CONSTANT_FEATURES_TAG].split(", ") if tags.get(CONSTANT_FEATURES_TAG) else [],
+        hosts={k[len(HOST_TAG):]: v for k, v in tags.items() if k.startswith(HOST_TAG)},
     )
 
 

@@ -236,3 +236,157 @@ class SlurmCluster:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not start (exit {process.poll()})")
             time.sleep(0.1)
+
+
+AIRFLOW_PORT, POSTGRES_PORT, REDIS_PORT, MLFLOW_PORT = 8080, 5432, 6379, 5000
+AIRFLOW_USER, AIRFLOW_PASSWORD = "admin", "hpml-cluster-test"
+
+
+class ClusterAirflow:
+    """Airflow with the CeleryExecutor across the test hosts: PostgreSQL (Airflow's metadata and MLflow's runs),
+    Redis (Celery's broker), the MLflow tracking server and Airflow's api-server, scheduler and dag-processor on
+    the control host; a Celery worker on each worker host. Artifacts go to the store; nothing is shared but it."""
+
+    def __init__(self, cluster: Cluster, store: ClusterStore, workers: tuple[str, ...] = ("worker1", "worker2")):
+        self.cluster, self.store = cluster, store
+        self.control, self.workers = cluster["control"], [cluster[w] for w in workers]
+        self.url = f"http://{self.control.address}:{AIRFLOW_PORT}"
+        self.processes: dict[str, object] = {}
+
+    def env(self, host: Host) -> dict[str, str]:
+        control = self.control.name
+        database = f"postgresql+psycopg2://hpml@{control}:{POSTGRES_PORT}"
+        return {
+            **self.store.env(host),
+            "AIRFLOW_HOME": f"{HOST_DIR}/airflow",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(Path(__file__).resolve().parents[1] / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{AIRFLOW_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": f"{HOST_DIR}/etc/airflow-passwords.json",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{control}:{AIRFLOW_PORT}/execution/",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"{database}/airflow",
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://{control}:{REDIS_PORT}/0",
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://hpml@{control}:{POSTGRES_PORT}/airflow",
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
+            "AIRFLOW__API__BASE_URL": f"http://{control}:{AIRFLOW_PORT}",
+            "AIRFLOW__API__HOST": "0.0.0.0", "AIRFLOW__API__PORT": str(AIRFLOW_PORT), "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": "hpml-cluster-test-secret-of-more-than-64-bytes-for-sha512-0123456789",
+            "AIRFLOW__API__SECRET_KEY": "hpml-cluster-test-secret-key",  # signs the log servers' requests
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "150",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            "HPML_SCHEDULE": "none",
+            "HPML_ARTIFACT_ROOT": f"{self.store.root}/airflow",
+            "HPML_DATA_ROOTS": f"/tmp:{self.store.root}",
+            "MLFLOW_TRACKING_URI": f"http://{control}:{MLFLOW_PORT}",
+            "HPML_PROGRESS": "plain",
+        }
+
+    def _airflow(self, *args: str) -> list[str]:
+        return [str(Path(sys.executable).with_name("airflow")), *args]
+
+    def start(self, timeout: float = 300) -> "ClusterAirflow":
+        import os
+        import time
+
+        control = self.control
+        for host in [control, *self.workers]:
+            (host.dir / "etc" / "airflow-passwords.json").write_text(json.dumps({AIRFLOW_USER: AIRFLOW_PASSWORD}))
+            (host.dir / "airflow").mkdir(exist_ok=True)
+        # PostgreSQL as Debian's postgres user (it refuses root), its data on the control host's disk.
+        from tests.services import postgres_bin
+
+        pg_bin = postgres_bin()
+        (control.dir / "pg").mkdir(exist_ok=True)
+        shutil.chown(control.dir / "pg", "postgres")
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+        control.run([*as_postgres, f"{pg_bin}/initdb", "-D", f"{HOST_DIR}/pg/data", "-U", "hpml", "--auth=trust",
+                     "-E", "UTF8"])
+        with open(control.dir / "pg" / "data" / "pg_hba.conf", "a") as hba:  # the test hosts' /24, no other
+            hba.write(f"host all all {control.address.rsplit('.', 1)[0]}.0/24 trust\n")
+        self.processes["postgres"] = control.popen(
+            [*as_postgres, f"{pg_bin}/postgres", "-D", f"{HOST_DIR}/pg/data", "-p", str(POSTGRES_PORT), "-k",
+             f"{HOST_DIR}/pg", "-c", "listen_addresses=*", "-c", "max_connections=200"], log=control.dir / "postgres.log")
+        control.wait_for_port(POSTGRES_PORT, process=self.processes["postgres"])
+        for database in ("airflow", "mlflow"):
+            control.run([f"{pg_bin}/createdb", "-h", control.address, "-p", str(POSTGRES_PORT), "-U", "hpml", database])
+        self.processes["redis"] = control.popen(
+            ["redis-server", "--bind", "0.0.0.0", "--port", str(REDIS_PORT), "--protected-mode", "no", "--save", "",
+             "--appendonly", "no"], log=control.dir / "redis.log")
+        control.wait_for_port(REDIS_PORT, process=self.processes["redis"])
+        env = self.env(control)
+        self.processes["mlflow"] = control.popen(
+            [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+             f"postgresql+psycopg2://hpml@{control.name}:{POSTGRES_PORT}/mlflow", "--artifacts-destination",
+             f"{self.store.root}/mlflow", "--host", "0.0.0.0", "--port", str(MLFLOW_PORT), "--workers", "1",
+             # MLflow refuses Host headers it does not know (DNS-rebinding protection): the names clients use.
+             "--allowed-hosts", f"{control.name},{control.name}:{MLFLOW_PORT},{control.address}:{MLFLOW_PORT}"],
+            env={**env, "MLFLOW_DISABLE_TELEMETRY": "true"}, log=control.dir / "mlflow.log")
+        control.run(self._airflow("db", "migrate"), env=env, timeout=600)
+        for name, args in (("api-server", ("api-server",)), ("scheduler", ("scheduler",)),
+                           ("dag-processor", ("dag-processor",))):
+            self.processes[name] = control.popen(self._airflow(*args), env=env, log=control.dir / f"{name}.log")
+        for worker in self.workers:
+            self.start_worker(worker)
+        control.wait_for_port(MLFLOW_PORT, process=self.processes["mlflow"], timeout=timeout)
+        control.wait_for_port(AIRFLOW_PORT, process=self.processes["api-server"], timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.api("dags/penguin/details")
+                return self
+            except OSError:
+                time.sleep(2)
+        raise TimeoutError(f"the penguin DAG was not parsed in {timeout:.0f}s; see {control.dir}")
+
+    def start_worker(self, host: Host):
+        process = host.popen(self._airflow("celery", "worker", "--concurrency", "1"), env=self.env(host),
+                             log=host.dir / "celery-worker.log")
+        self.processes[f"worker@{host.name}"] = process
+        return process
+
+    def token(self) -> str:
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.url}/auth/token", method="POST",
+                                         data=json.dumps({"username": AIRFLOW_USER,
+                                                          "password": AIRFLOW_PASSWORD}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())["access_token"]
+
+    def api(self, path: str, method: str = "GET", body: dict | None = None) -> dict:
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.url}/api/v2/{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Authorization": f"Bearer {self.token()}",
+                                                  "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token()}"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float) -> dict:
+        import time
+        import urllib.parse
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = self.api(f"dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}")
+            if run["state"] in ("success", "failed"):
+                return run
+            time.sleep(3)
+        raise TimeoutError(f"run {run_id} did not finish in {timeout:.0f}s; logs in {self.control.dir}")

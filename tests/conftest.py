@@ -149,3 +149,11 @@ def store_penguin(cluster_store, penguin_csv):
         EXAMPLE_GEN.run({}, gen, {"input_path": penguin_csv})
         TRANSFORM.run(gen, transform, {"module": "hpml.examples.penguin.module"})
     return {"ExampleGen": gen, "Transform": transform}
+
+
+@pytest.fixture(scope="session")
+def cluster_airflow(cluster, cluster_store):
+    """Airflow on Celery across the test hosts (tests/cluster_services.py: ClusterAirflow)."""
+    from tests.cluster_services import ClusterAirflow
+
+    return ClusterAirflow(cluster, cluster_store).start()

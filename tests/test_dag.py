@@ -34,7 +34,7 @@ def test_dagbag_imports_the_penguin_dag(airflow_db):
     assert all(s["title"] for s in schemas.values()), "every field has a title"
     assert all(dag.params.get_param(name).description for name in form), "and a description"
     assert "mirrored" in schemas["strategy"]["enum"] and schemas["remat"]["enum"] == ["never", "except_last", "always"]
-    assert schemas["launcher"]["enum"] == ["local", "kubernetes", "vertex"]
+    assert schemas["launcher"]["enum"] == ["local", "kubernetes", "vertex", "slurm"]
     assert all("minimum" in s and "maximum" in s for s in schemas.values() if s["type"] == "integer")
     assert "epochs" in dag.doc_md and "Distribution strategy" in dag.doc_md
 

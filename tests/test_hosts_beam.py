@@ -4,6 +4,7 @@ storage host. The outputs equal a one-host run's."""
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.cluster_services import beam_job_service, beam_worker_pool, portable_args
@@ -19,22 +20,28 @@ TRANSFORM.run(gen, transform, {"module": "hpml.examples.penguin.module", "beam_p
 """
 
 
+@pytest.fixture(scope="module")
+def beam_hosts(cluster, cluster_store):
+    """Beam's EXTERNAL worker pools on worker1 and worker2, and a job service on the control host."""
+    for host in (cluster["worker1"], cluster["worker2"]):
+        beam_worker_pool(host, cluster_store.env(host))
+    beam_job_service(cluster["control"], cluster_store.env(cluster["control"]))
+    return cluster
+
+
 def _outputs(root: str) -> tuple[dict, dict]:
     gen = {"examples": f"{root}/examples", "schema": f"{root}/schema"}
     return gen, {key: f"{root}/{key}" for key in ("transform_graph", "transformed_examples", "input_pipeline")}
 
 
 def test_example_gen_and_transform_run_on_worker_pools_on_other_hosts_and_write_what_one_host_writes(
-        cluster, cluster_store, penguin_csv, tmp_path, monkeypatch):
+        beam_hosts, cluster_store, penguin_csv, tmp_path, monkeypatch):
     import json
 
     from hpml.components.example_gen import EXAMPLE_GEN
     from hpml.components.transform import TRANSFORM
 
-    control, worker1, worker2 = cluster["control"], cluster["worker1"], cluster["worker2"]
-    for host in (worker1, worker2):
-        beam_worker_pool(host, cluster_store.env(host))
-    beam_job_service(control, cluster_store.env(control))
+    control, worker1, worker2 = beam_hosts["control"], beam_hosts["worker1"], beam_hosts["worker2"]
     for name, value in cluster_store.env(None).items():
         monkeypatch.setenv(name, value)
     csv = f"{cluster_store.root}/beam/penguins.csv"
@@ -61,3 +68,48 @@ def test_example_gen_and_transform_run_on_worker_pools_on_other_hosts_and_write_
     assert tf.io.gfile.GFile(f"{gen['schema']}/schema.pbtxt").read() == \
         open(f"{local_gen['schema']}/schema.pbtxt").read()
     assert _assets(transform["transform_graph"]) == _assets(local_transform["transform_graph"])
+
+
+def test_a_worker_host_cut_off_for_30s_during_example_gen_loses_nothing(beam_hosts, cluster_store, penguin_csv,
+                                                                          tmp_path, monkeypatch):
+    """worker1's network is cut while its pool runs ExampleGen's work and restored 30 s later: the component waits,
+    then finishes, and what it published is whole and equals a one-host run's."""
+    import json
+    import time
+
+    from hpml.components import artifacts
+    from hpml.components.example_gen import EXAMPLE_GEN
+
+    control, worker1 = beam_hosts["control"], beam_hosts["worker1"]
+    pool_log = worker1.dir / "beam-pool.log"
+    for name, value in cluster_store.env(None).items():
+        monkeypatch.setenv(name, value)
+    csv = f"{cluster_store.root}/beam-cut/penguins.csv"
+    tf.io.gfile.copy(penguin_csv, csv, overwrite=True)
+    gen = {"examples": f"{cluster_store.root}/beam-cut/examples", "schema": f"{cluster_store.root}/beam-cut/schema"}
+    code = ("import json, sys\nfrom hpml.components.example_gen import EXAMPLE_GEN\n"
+            "gen, csv, args = json.loads(sys.argv[1])\n"
+            "EXAMPLE_GEN.run({}, gen, {'input_path': csv, 'beam_pipeline_args': args})\n")
+    starts = pool_log.read_text(errors="replace").count("Starting worker")
+    driver_log = tmp_path / "driver.log"
+    started = time.monotonic()
+    driver = control.popen(["python", "-c", code, json.dumps([gen, csv, portable_args(worker1)])],
+                           env=cluster_store.env(control), log=driver_log)
+    deadline = time.monotonic() + 180
+    while pool_log.read_text(errors="replace").count("Starting worker") == starts:  # the work reached worker1
+        assert driver.poll() is None and time.monotonic() < deadline, driver_log.read_text()[-3000:]
+        time.sleep(0.1)
+    worker1.disconnect()
+    try:
+        time.sleep(30)
+        assert driver.poll() is None, "the component waits for the host it lost"
+    finally:
+        worker1.reconnect()
+    assert driver.wait(timeout=300) == 0, driver_log.read_text()[-3000:]
+    assert time.monotonic() - started > 30
+
+    artifacts.require_published(gen["examples"], "Examples")
+    local = {"examples": str(tmp_path / "examples"), "schema": str(tmp_path / "schema")}
+    EXAMPLE_GEN.run({}, local, {"input_path": penguin_csv})
+    for split in ("train", "eval"):
+        assert _records(gen["examples"], split) == _records(local["examples"], split)

@@ -138,6 +138,9 @@ def test_bad_input_on_a_tfjob_stops_the_job_instead_of_restarting_it(penguin_out
     ({"strategy": "mirrored"}, "a remote launcher runs multi_worker_mirrored or parameter_server, not mirrored"),
     ({"strategy": "parameter_server"}, "needs a cluster with ps tasks"),
     ({"launcher": "local"}, "parameter 'cluster' is set but launcher is 'local'"),
+    ({"launcher": "slurm", "cluster": {"port": 80}}, "cluster.port must be a port number from 1024 to 65000"),
+    ({"launcher": "slurm", "cluster": {"shared_filesystem": "yes"}}, "cluster.shared_filesystem must be true or false"),
+    ({"launcher": "slurm", "cluster": {}}, "launcher 'slurm' runs the workers on other hosts, which cannot read"),
 ])
 def test_remote_settings_are_checked_before_anything_is_submitted(penguin_outputs, operator, tmp_path, extra,
                                                                   message):

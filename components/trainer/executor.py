@@ -76,6 +76,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     eval_files = _check_inputs(inputs["examples"], params["eval_splits"])
     distillation = distill_mode.plan(inputs["examples"], inputs.get("teachers"), params)
     cluster = remote.RemoteCluster.from_params(params["launcher"], params["cluster"]) if _remote(params) else None
+    if cluster is not None:
+        remote.check_reachable(params["launcher"], cluster, working_dir_for(outputs["model"]))
     plan = make_plan(params)
     distributed = params["num_workers"] > 1 or params["num_ps"] > 0
     if distributed and params["launcher"] == "local" and plan.strategy not in CLUSTER_STRATEGIES:
@@ -193,7 +195,6 @@ def _launch_remote(fn_args: FnArgs, params, plan, cluster: remote.RemoteCluster,
     """Run the workers as a TFJob or a Vertex AI CustomJob; they read the job file from shared storage."""
     from hpml.components.trainer.launchers.cluster_job import ClusterJob
 
-    remote.check_reachable(params["launcher"], cluster, fn_args.working_dir)
     job = ClusterJob(name=remote.job_name(model_uri), image=cluster.image, job_uri=_write_job(fn_args, params, plan),
                      strategy=plan.strategy, num_workers=params["num_workers"], num_ps=params["num_ps"],
                      gpus_per_worker=cluster.gpus_per_worker, cpu=cluster.cpu, memory=cluster.memory,
