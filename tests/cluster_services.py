@@ -279,6 +279,10 @@ class ClusterAirflow:
             "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "150",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "HPML_SCHEDULE": "none",
+            # A task whose worker host died is noticed in 20 s (Airflow's default: 300) and tried again once.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+            "HPML_TASK_RETRIES": "1", "HPML_TASK_RETRY_DELAY_S": "5",
             "HPML_ARTIFACT_ROOT": f"{self.store.root}/airflow",
             "HPML_DATA_ROOTS": f"/tmp:{self.store.root}",
             "MLFLOW_TRACKING_URI": f"http://{control}:{MLFLOW_PORT}",
@@ -341,6 +345,18 @@ class ClusterAirflow:
             except OSError:
                 time.sleep(2)
         raise TimeoutError(f"the penguin DAG was not parsed in {timeout:.0f}s; see {control.dir}")
+
+    def restart_redis(self):
+        """Celery's broker goes down (SIGKILL, as in a crash) and comes back on the same address, empty."""
+        import os
+        import signal
+
+        os.killpg(self.processes["redis"].pid, signal.SIGKILL)
+        self.processes["redis"].wait(10)
+        self.processes["redis"] = self.control.popen(
+            ["redis-server", "--bind", "0.0.0.0", "--port", str(REDIS_PORT), "--protected-mode", "no", "--save", "",
+             "--appendonly", "no"], log=self.control.dir / "redis.log")
+        self.control.wait_for_port(REDIS_PORT, process=self.processes["redis"])
 
     def start_worker(self, host: Host):
         process = host.popen(self._airflow("celery", "worker", "--concurrency", "1"), env=self.env(host),

@@ -2,6 +2,7 @@
 each component task on a Celery worker of a worker host; artifacts go to the store on the storage host, the run
 record to the MLflow server on the control host, and the Report view there reads the finished run from both."""
 import json
+import re
 import urllib.parse
 
 from tests.helpers import store_env
@@ -42,3 +43,40 @@ def test_the_penguin_dag_runs_its_tasks_on_celery_workers_of_the_worker_hosts(cl
     assert [c["state"] for c in status_json["components"]] == ["done"] * 3
     status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/report/report.html")
     assert status == 200 and f"penguin run {run_id}".encode() in body
+
+
+def test_a_dead_trainer_host_and_a_redis_restart_cost_a_retry_on_the_other_host_that_resumes_from_the_backup(
+        cluster, cluster_airflow):
+    """Mid-training, Celery's broker restarts and the worker host running the Trainer dies (every process on it
+    SIGKILLed). Airflow notices the lost task, retries it on the other worker host, and the Trainer there resumes
+    from the backup on the store; the run succeeds."""
+    import time
+
+    airflow = cluster_airflow
+    conf = {"epochs": 10, "batch_size": 4, "num_workers": 2, "strategy": "multi_worker_mirrored",
+            "steps_per_execution": 1}
+    run_id = airflow.api("dags/penguin/dagRuns", "POST", {"logical_date": None, "conf": conf})["dag_run_id"]
+    quoted = urllib.parse.quote(run_id, safe="")
+    deadline, epoch = time.monotonic() + RUN_TIMEOUT_S, 0
+    while epoch < 3:  # backups are written at each epoch's end
+        assert time.monotonic() < deadline, "the Trainer never got to its third epoch"
+        status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/status.json")
+        training = json.loads(body).get("training", {}).get("Trainer") if status == 200 else None
+        epoch = (training or {}).get("epoch", 0)
+        time.sleep(1)
+    tasks = {t["task_id"]: t for t in airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances")["task_instances"]}
+    lost = cluster[tasks["Trainer"]["hostname"]]
+    survivor = next(w for w in airflow.workers if w is not lost)
+    airflow.restart_redis()
+    killed = lost.kill()
+    assert killed >= 3, "the Celery worker, the task and its training processes"
+
+    run = airflow.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
+    tasks = {t["task_id"]: t for t in airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances")["task_instances"]}
+    assert run["state"] == "success", {t: task["state"] for t, task in tasks.items()}
+    trainer = tasks["Trainer"]
+    assert trainer["try_number"] == 2 and trainer["hostname"] == survivor.name, trainer
+    log = json.dumps(airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances/Trainer/logs/2?full_content=true"))
+    resumed = [int(n) for n in re.findall(r"resuming from the backup after (\d+) training steps", log)]
+    assert resumed and min(resumed) >= 55, f"the retry resumed from a backup on the store: {resumed}"
+    airflow.start_worker(lost)  # the host is back for the tests after this one
