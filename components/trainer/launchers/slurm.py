@@ -236,7 +236,7 @@ def run(job: ClusterJob, working_dir: str, progress: str, *, partition: str | No
                    f"own output: /tmp/hpml-slurm-{job_id}.out on the job's first node)")
         if lost:
             failure = f"Slurm job {job_id}: " + ", ".join(f"{task} exited with {code}" for task, code in
-                                                          sorted(lost.items())) + f"; the job was cancelled"
+                                                          sorted(lost.items())) + "; the job was cancelled"
         report.failures.append(failure)
         if ended.exit_code == USER_ERROR_EXIT or USER_ERROR_EXIT in lost.values():
             raise SlurmJobFailed(f"training failed on bad input or parameters, not restarted: {failure}",
