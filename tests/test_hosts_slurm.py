@@ -169,3 +169,17 @@ def test_a_task_ends_once_a_peer_it_saw_up_stays_unreachable():
     assert lost.is_set() and lost.peer == "worker2:8888"
     assert asked.count("worker2:8888") == 8, "two misses then up again start the count over"
     assert "worker1:8888" not in asked, "a task does not watch itself"
+
+
+def test_only_a_controller_that_may_come_back_is_polled_again():
+    import subprocess
+
+    from hpml.components.errors import HpmlError, SpecError
+    from hpml.components.trainer.launchers.slurm import transient
+
+    assert transient(subprocess.TimeoutExpired(["scontrol"], 60))
+    assert transient(HpmlError("scontrol show job failed (exit 1): Unable to contact slurm controller"))
+    assert not transient(HpmlError("scontrol show job failed (exit 1): slurm_load_jobs error: Invalid job id "
+                                   "specified"))
+    assert not transient(SpecError("launcher 'slurm' needs Slurm's scontrol on this host's PATH"))
+    assert not transient(ValueError("unexpected"))

@@ -153,12 +153,20 @@ class _Logs:
             self.seen[name] = max(seen, len(lines))  # an older copy read back while it is replaced adds nothing
 
 
+def transient(err: Exception) -> bool:
+    """Whether a failed status read is worth another try: a controller that is slow or restarting is, a missing
+    Slurm command (SpecError) or a job the controller no longer knows is not."""
+    if isinstance(err, subprocess.TimeoutExpired):
+        return True
+    return isinstance(err, HpmlError) and not isinstance(err, SpecError) and "Invalid job id" not in str(err)
+
+
 def _wait(job_id: str, on_poll, timeout_s: float, poll_s: float, also_ended=lambda: False) -> SlurmState:
     """Poll the job until it ended (or is COMPLETING where `also_ended()`: cancelled by us, its lost node's share
     still being cleared up), calling `on_poll` at each look."""
     last = None
     for current in poll(lambda: state(job_id), what=f"Slurm job {job_id}", timeout_s=timeout_s, poll_s=poll_s,
-                        transient=lambda err: isinstance(err, (HpmlError, subprocess.TimeoutExpired))):
+                        transient=transient):
         on_poll()
         if current.state != last:
             log.info("Slurm job %s: %s%s", job_id, current.state,
