@@ -61,7 +61,9 @@ cluster: env hosts-deps
 cluster-down: env
 	$(VENV)/bin/python -m tests.cluster down
 
+# Lint first (ruff, configured in pyproject.toml): it takes a second and names the line to fix.
 test: env browser postgres hosts-deps
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
 	@$(MAKE) --no-print-directory test-tfx
 

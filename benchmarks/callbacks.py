@@ -24,12 +24,12 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["HPML_PROGRESS"] = "plain"  # no terminal progress bar: the same callbacks as in logs and CI
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402
+import numpy as np
+import tensorflow as tf
+import tf_keras
 
-from benchmarks._common import machine, median, write_results  # noqa: E402
-from hpml.components.trainer import callbacks as hpml_callbacks  # noqa: E402
+from benchmarks._common import machine, median, write_results
+from hpml.components.trainer import callbacks as hpml_callbacks
 
 EPOCHS = 4
 MODELS = {  # name: (features, hidden widths, batch size, steps per epoch)

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks._common import RESULTS, machine  # noqa: E402
+from benchmarks._common import RESULTS, machine
 
 LABELS = {"teacher_0": "teacher (MLP 512x512, dropout, jitter)", "ensemble": "ensemble of the 3 teachers",
           "student_scratch": "student from scratch (MLP 32, ReLU)",
@@ -94,7 +94,8 @@ def _table(results: list[dict], timing: dict[str, list[float]], seeds: list[int]
     for name, label in LABELS.items():
         row = first[name]
         lines.append(f"| {label} | {100 * mean[name]:.2f}% ± {100 * std[name]:.2f} | {row['params']:,} "
-                     f"| {row['size_bytes'] / 1024:.0f} KiB | {statistics.median(r['latency_us'] for r in by_name[name]):.2f} µs |")
+                     f"| {row['size_bytes'] / 1024:.0f} KiB | "
+                     f"{statistics.median(r['latency_us'] for r in by_name[name]):.2f} µs |")
     gap = (mean["student_distilled"] - mean["student_scratch"]) / (mean["ensemble"] - mean["student_scratch"])
     gap_teacher = (mean["student_distilled"] - mean["student_scratch"]) / (mean["teacher_0"] - mean["student_scratch"])
     per_seed = [r["distillation"]["gap_closed"] for r in results]

@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks._common import machine, median, write_results  # noqa: E402
-from hpml.components.trainer.progress_state import read_progress  # noqa: E402
+from benchmarks._common import machine, median, write_results
+from hpml.components.trainer.progress_state import read_progress
 
 RUN_FN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_run_fn.py")
 SAVE_FREQ = 20

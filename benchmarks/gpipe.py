@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks._common import RESULTS, machine, median, peak_rss_mib, write_results  # noqa: E402
+from benchmarks._common import RESULTS, machine, median, peak_rss_mib, write_results
 
 WIDTH, DEPTH, BATCH = 512, 8, 1024
 MEMORY_BATCH = 65536  # activations (128 MiB per layer) dominate the TF runtime's own peak

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks._common import machine, median, peak_rss_mib, write_results  # noqa: E402
+from benchmarks._common import machine, median, peak_rss_mib, write_results
 
 B1_SOURCES, B1_PER_SOURCE, B1_EPOCHS = 8, 6, 5
 B1_OPEN_S, B1_READ_S, B1_MAP_S, B1_STEP_S = 0.030, 0.015, 0.030, 0.010
@@ -440,7 +440,8 @@ def table(b1: dict, b2: dict, b3: dict, repeats: int) -> str:
         "| warm first batch ms | peak RSS MiB |",
         "|---|---|---|---|---|---|---|",
         *[f"| {name} | {m2[name]['cold_s']:.2f} | {m2[name]['cold_cpu_s']:.2f} | "
-          f"{m2[name]['cold_first_batch_s']:.3f} | {m2[name]['warm_s']:.2f} | {m2[name]['warm_first_batch_s'] * 1e3:.1f} | "
+          f"{m2[name]['cold_first_batch_s']:.3f} | {m2[name]['warm_s']:.2f} | "
+          f"{m2[name]['warm_first_batch_s'] * 1e3:.1f} | "
           f"{m2[name]['peak_rss_mib']:.0f} |" for name in (*VARIANTS, "tuned-whole", "serial", "split")],
         f"| limit = serial cold / {b2['cores']} cores | {b2['limit_s']:.2f} | | | | | |",
         "",
@@ -449,15 +450,18 @@ def table(b1: dict, b2: dict, b3: dict, repeats: int) -> str:
         f"{b2['sliced_over_whole']['cold_s']:.2f}x, warm epoch {b2['sliced_over_whole']['warm_s']:.2f}x, wait for a "
         f"warm epoch's first batch {b2['sliced_over_whole']['warm_first_batch_s']:.2f}x.",
         "",
-        f"split = the serial pipeline in {b2['cores']} processes at once, each pinned to its own core with 1/{b2['cores']} "
+        f"split = the serial pipeline in {b2['cores']} processes at once, each pinned to its own core with "
+        f"1/{b2['cores']} "
         f"of the shards (cold: the slowest; CPU: their sum). It shares no queue, thread or process between cores, "
         f"so its {b2['split_cold_over_limit']:.2f}x the limit is this machine's own, before any pipeline overhead: "
         f"together its processes spent {b2['split_cpu_over_serial']:.2f}x the serial run's CPU time on the same work.",
         "",
-        f"Target cold <= 1.10 x limit: {_yes(b2['targets']['cold_le_1.10_limit'])} ({b2['tuned_cold_over_limit']:.2f}x; "
+        f"Target cold <= 1.10 x limit: {_yes(b2['targets']['cold_le_1.10_limit'])} "
+        f"({b2['tuned_cold_over_limit']:.2f}x; "
         f"{b2['tuned_cold_over_split']:.2f}x the ideal split, median of per-repeat ratios). "
         f"Warm >= 1.5x faster than AUTOTUNE: {_yes(b2['targets']['warm_ge_1.5x_autotune'])} "
-        f"({b2['warm_speedup_over_autotune']:.1f}x). For reference, naive cold / cores = {b2['naive_over_cores_s']:.2f} s.",
+        f"({b2['warm_speedup_over_autotune']:.1f}x). For reference, naive cold / cores = "
+        f"{b2['naive_over_cores_s']:.2f} s.",
         "",
         *_allocator_lines(b2),
         "**B3, real consumer** (tf_keras MLP 16-256-256-2 trained on the same cores, its input matrix built in the "
@@ -472,7 +476,8 @@ def table(b1: dict, b2: dict, b3: dict, repeats: int) -> str:
           f"{m3[name]['in_memory_step_s'] * 1e3:.2f} | {m3[name]['cold_stall_fraction']:.1%} | "
           f"{m3[name]['peak_rss_mib']:.0f} |" for name in ("autotune", "tuned")],
         "",
-        f"Target stall < 5% (warm epoch): {_yes(b3['targets']['tuned_stall_lt_5pct'])}. Peak RSS no higher than AUTOTUNE: "
+        f"Target stall < 5% (warm epoch): {_yes(b3['targets']['tuned_stall_lt_5pct'])}. "
+        "Peak RSS no higher than AUTOTUNE: "
         f"{_yes(b3['targets']['tuned_rss_le_autotune'])}.",
         "",
     ]

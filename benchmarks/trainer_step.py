@@ -32,12 +32,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402
+import numpy as np
+import tensorflow as tf
+import tf_keras
 
-from benchmarks._common import machine, median, write_results  # noqa: E402
-from hpml.components.trainer import step_tuning  # noqa: E402
+from benchmarks._common import machine, median, write_results
+from hpml.components.trainer import step_tuning
 
 ROWS, FEATURES, BATCH = 200_000, 16, 256
 EPOCH = ROWS // BATCH

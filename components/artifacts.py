@@ -20,7 +20,7 @@ import re
 import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 from hpml.components import files
 from hpml.components.errors import InputDataError, SpecError

@@ -5,7 +5,7 @@ import logging
 import os
 import re
 import shlex
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 
 # The exit status of a process stopped by a user error (bad input or parameters): the CLI's, and a

@@ -9,7 +9,8 @@ import glob as _glob
 import io
 import os
 import shutil
-from typing import IO, Iterator
+from typing import IO
+from collections.abc import Iterator
 
 
 def is_url(path: str) -> bool:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from hpml.components import artifacts
 from hpml.components.artifacts import ArtifactType

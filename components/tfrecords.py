@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -79,7 +79,7 @@ class Writer:
             self._writer.close()
         self._raise()
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from hpml.components.errors import SpecError
 

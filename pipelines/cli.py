@@ -10,9 +10,9 @@ import warnings
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from hpml.components import files  # noqa: E402
-from hpml.components.errors import USER_ERROR_EXIT, HpmlError  # noqa: E402
-from hpml.components.native_logs import VERBOSE_ENV, quiet_libraries, start_tensorflow  # noqa: E402
+from hpml.components import files
+from hpml.components.errors import USER_ERROR_EXIT, HpmlError
+from hpml.components.native_logs import VERBOSE_ENV, quiet_libraries, start_tensorflow
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
@@ -195,7 +195,7 @@ def cmd_runs(args) -> int:
     import datetime
 
     for run in runs:
-        started = datetime.datetime.fromtimestamp(run.info.start_time / 1000, datetime.timezone.utc)
+        started = datetime.datetime.fromtimestamp(run.info.start_time / 1000, datetime.UTC)
         table.add_row(
             run.info.run_id[:records.SHORT_ID], run.info.run_name, _status(run), f"{started:%Y-%m-%d %H:%M}",
             _fmt(run.data.metrics.get("eval_accuracy")), run.data.params.get("strategy", "-"),

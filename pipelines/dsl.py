@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Union
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from hpml.components.spec import ComponentSpec
 from hpml.components.errors import SpecError
@@ -18,7 +19,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,249}$")
 Source = tuple[str, str]  # (upstream node id, upstream output name)
 
 
-def sources(wired: Union[Source, list[Source]]) -> list[Source]:
+def sources(wired: Source | list[Source]) -> list[Source]:
     """The upstream outputs one input reads: a single source, or a list for a list input."""
     return list(wired) if isinstance(wired, list) else [wired]
 
@@ -28,7 +29,7 @@ class Node:
     id: str
     component: ComponentSpec
     # input name -> (upstream node id, upstream output name), or a list of them for a list input
-    inputs: Mapping[str, Union[Source, list[Source]]] = field(default_factory=dict)
+    inputs: Mapping[str, Source | list[Source]] = field(default_factory=dict)
     # pipeline params -> component params
     params: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda p: {}
 

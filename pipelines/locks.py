@@ -6,7 +6,7 @@ import contextlib
 import fcntl
 import os
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

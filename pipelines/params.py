@@ -8,7 +8,8 @@ needs checked is a `ParamCheck` of its own; `hpml.pipelines.training_params` has
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 import jsonschema
 

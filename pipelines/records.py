@@ -14,7 +14,8 @@ import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from hpml.components import files
 from hpml.components.errors import HpmlError

@@ -11,8 +11,9 @@ import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Mapping
 
 from hpml.components import files
 from hpml.components.errors import SpecError
@@ -86,7 +87,7 @@ def _refuse_shared(run_dir: str, run_id: str, owner: str | None) -> None:
 
 
 def new_run_id() -> str:
-    return f"local__{datetime.now(timezone.utc):%Y%m%dT%H%M%S}_{uuid.uuid4().hex[:6]}"
+    return f"local__{datetime.now(UTC):%Y%m%dT%H%M%S}_{uuid.uuid4().hex[:6]}"
 
 
 def start(pipeline: Pipeline, values: Mapping[str, Any], run_id: str | None = None,
@@ -151,7 +152,7 @@ def write_report(context: RunContext, why: str = "") -> str | None:
     try:
         path = report.build(context.mlflow_run_id)
         records.client().set_tag(context.mlflow_run_id, "hpml.report", path)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         log.exception("the run report could not be written")
         with contextlib.suppress(Exception):
             records.client().set_tag(context.mlflow_run_id, "hpml.report_error",

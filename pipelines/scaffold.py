@@ -314,8 +314,8 @@ PIPELINE = Pipeline(
 )
 '''
 
-MODULE_TEMPLATE = '''"""The @NAME@ user module, derived from the columns of @SOURCE@: `preprocessing_fn` for Transform and `run_fn`
-for Trainer. Written by `hpml init`; edit it freely.
+MODULE_TEMPLATE = '''"""The @NAME@ user module, derived from the columns of @SOURCE@: `preprocessing_fn` for Transform
+and `run_fn` for Trainer. Written by `hpml init`; edit it freely.
 
 Written against TFX's contract (FnArgs fields, tfxio dataset options) and `hpml.v1` only, so a TFX pipeline can
 use it as its Transform and Trainer module_file.
@@ -326,8 +326,8 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import tensorflow as tf  # noqa: E402
-import tensorflow_transform as tft  # noqa: E402
+import tensorflow as tf
+import tensorflow_transform as tft
 
 @CONSTANTS@
 HIDDEN_UNITS = (16, 8)

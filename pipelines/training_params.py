@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from hpml.components.errors import SpecError
 from hpml.components.example_gen.text_encoding import DEFAULT_ENCODING, check_encoding

@@ -80,7 +80,7 @@ class AirflowStack:
     def _airflow(self, *args) -> list[str]:
         return [str(Path(sys.executable).with_name("airflow")), *args]
 
-    def start(self, timeout: float = 240) -> "AirflowStack":
+    def start(self, timeout: float = 240) -> AirflowStack:
         subprocess.run(self._airflow("db", "migrate"), env=self.env, check=True, capture_output=True)
         for name, args in (("api-server", ("api-server", "--port", str(self.port), "--host", "127.0.0.1")),
                            ("scheduler", ("scheduler",)), ("dag-processor", ("dag-processor",))):

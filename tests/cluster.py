@@ -39,7 +39,9 @@ hostname "$HPML_HOST_NAME"
 mount --bind "$HPML_HOST_ROOT_DIR" /run/hpml-host
 mount --bind /run/hpml-host/etc/hosts /etc/hosts
 i=0
-for keep in $HPML_HOST_KEEP; do mkdir -p "/run/hpml-host/.keep/$i"; mount --bind "$keep" "/run/hpml-host/.keep/$i"; i=$((i+1)); done
+for keep in $HPML_HOST_KEEP; do
+  mkdir -p "/run/hpml-host/.keep/$i"; mount --bind "$keep" "/run/hpml-host/.keep/$i"; i=$((i+1))
+done
 mount --bind /run/hpml-host/tmp /tmp
 i=0
 for keep in $HPML_HOST_KEEP; do mkdir -p "$keep"; mount --bind "/run/hpml-host/.keep/$i" "$keep"; i=$((i+1)); done
@@ -56,7 +58,7 @@ def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 class Host:
     """One test host: run commands on it, kill everything on it, cut its network."""
 
-    def __init__(self, cluster: "Cluster", name: str, index: int):
+    def __init__(self, cluster: Cluster, name: str, index: int):
         self.cluster, self.name = cluster, name
         self.address = f"{SUBNET}.{10 + index}"
         self.netns = f"{cluster.prefix}-{name}"
@@ -171,7 +173,7 @@ class Cluster:
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
 
-    def up(self) -> "Cluster":
+    def up(self) -> Cluster:
         if os.geteuid() != 0:
             raise RuntimeError("test hosts are network namespaces: the tests that use them run as root (CI does)")
         remove_stale()

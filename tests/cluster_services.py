@@ -27,7 +27,7 @@ class ClusterStore:
         self.cluster, self.host, self.bucket = cluster, cluster[host], bucket
         self.root = f"gs://{bucket}"
 
-    def start(self) -> "ClusterStore":
+    def start(self) -> ClusterStore:
         host = self.host
         config = host.dir / "etc" / "store"
         config.mkdir(parents=True, exist_ok=True)
@@ -197,7 +197,7 @@ class SlurmCluster:
         self.daemons[f"slurmd@{host.name}"] = process
         return process
 
-    def start(self, timeout: float = 60) -> "SlurmCluster":
+    def start(self, timeout: float = 60) -> SlurmCluster:
         for host in [self.controller, *self.nodes]:
             self._configure(host)
             self.start_munge(host)
@@ -292,8 +292,7 @@ class ClusterAirflow:
     def _airflow(self, *args: str) -> list[str]:
         return [str(Path(sys.executable).with_name("airflow")), *args]
 
-    def start(self, timeout: float = 300) -> "ClusterAirflow":
-        import os
+    def start(self, timeout: float = 300) -> ClusterAirflow:
         import time
 
         control = self.control
@@ -313,7 +312,8 @@ class ClusterAirflow:
             hba.write(f"host all all {control.address.rsplit('.', 1)[0]}.0/24 trust\n")
         self.processes["postgres"] = control.popen(
             [*as_postgres, f"{pg_bin}/postgres", "-D", f"{HOST_DIR}/pg/data", "-p", str(POSTGRES_PORT), "-k",
-             f"{HOST_DIR}/pg", "-c", "listen_addresses=*", "-c", "max_connections=200"], log=control.dir / "postgres.log")
+             f"{HOST_DIR}/pg", "-c", "listen_addresses=*", "-c", "max_connections=200"],
+            log=control.dir / "postgres.log")
         control.wait_for_port(POSTGRES_PORT, process=self.processes["postgres"])
         for database in ("airflow", "mlflow"):
             control.run([f"{pg_bin}/createdb", "-h", control.address, "-p", str(POSTGRES_PORT), "-U", "hpml", database])

@@ -32,7 +32,7 @@ class Replica:
         self.restarts = 0
         self._argv = [sys.executable if part == "python" else part for part in command]
         self._env = dict(os.environ, **env, TF_CONFIG=json.dumps(tf_config))
-        self.log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        self.log = open(log_path, "w", encoding="utf-8")
         self._start()
 
     def _start(self):

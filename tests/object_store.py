@@ -48,7 +48,7 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hpml test object store")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
@@ -179,7 +179,7 @@ class GcsServer:
     def root(self) -> str:
         return f"gs://{self.bucket}"
 
-    def start(self, timeout_s: float = 60) -> "GcsServer":
+    def start(self, timeout_s: float = 60) -> GcsServer:
         self._log = log = open(self.folder / "emulator.log", "wb")
         emulator = subprocess.Popen(
             [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(self.port),
@@ -195,7 +195,7 @@ class GcsServer:
                 if emulator.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError("gcp-storage-emulator did not start: "
-                                       + (self.folder / "emulator.log").read_text(errors="replace")[-2000:])
+                                       + (self.folder / "emulator.log").read_text(errors="replace")[-2000:]) from None
                 time.sleep(0.2)
         self.cert, key = _self_signed(self.folder)
         port_file = self.folder / "front.port"
@@ -204,7 +204,8 @@ class GcsServer:
         root = str(Path(__file__).resolve().parents[1])
         front = subprocess.Popen([sys.executable, "-c", code, str(port_file), str(self.port), str(self.cert), str(key)],
                                  cwd=root, stdout=log, stderr=subprocess.STDOUT,
-                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))})
+                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                     filter(None, [root, os.environ.get("PYTHONPATH")]))})
         self._processes.append(front)
         while not port_file.exists():
             if front.poll() is not None or time.monotonic() > deadline:

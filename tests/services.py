@@ -53,7 +53,7 @@ class Postgres:
         if done.returncode != 0:
             raise RuntimeError(f"{tool} failed: {done.stdout}{done.stderr}")
 
-    def start(self) -> "Postgres":
+    def start(self) -> Postgres:
         self._run("initdb", "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.folder / "postgres.log"), "-w", "start", "-o",
                   f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1")
@@ -86,7 +86,7 @@ class MlflowServer:
         self.env = env or {}
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 120) -> "MlflowServer":
+    def start(self, timeout_s: float = 120) -> MlflowServer:
         if "://" not in self.artifacts:
             os.makedirs(self.artifacts, exist_ok=True)
         log = open(self.folder / "mlflow-server.log", "w")

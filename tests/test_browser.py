@@ -21,7 +21,8 @@ CHROMIUM = "/usr/bin/chromium"
 # name now resolves to nothing, so it reaches no host but the Airflow under test.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--disable-features=AutofillServerCommunication"]
+                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                 "--disable-features=AutofillServerCommunication"]
 SHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
 RUN_TIMEOUT_S = 600
 
@@ -354,7 +355,8 @@ def test_report_files_are_served_as_content_that_runs_no_script(page, stack, tra
                           "report")
     planted = {
         "planted.html": "<!doctype html><html><body><p>planted</p><img src=x onerror=\"console.log('ran:img '"
-                        " + document.cookie)\"><script>console.log('ran:html ' + document.cookie)</script></body></html>",
+                        " + document.cookie)\"><script>console.log('ran:html ' + document.cookie)</script>"
+                        "</body></html>",
         "planted.svg": "<svg xmlns='http://www.w3.org/2000/svg' onload=\"console.log('ran:svg-onload')\">"
                        "<script>console.log('ran:svg ' + document.cookie)</script><text y='20'>planted</text></svg>",
     }

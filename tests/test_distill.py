@@ -7,7 +7,7 @@ import tf_keras
 
 from hpml.components.errors import SpecError
 from hpml.components.trainer.distill import loss as kd
-from hpml.components.trainer.distill.distiller import SOFT_TARGETS_KEY, Distiller, check_teachers
+from hpml.components.trainer.distill.distiller import Distiller, check_teachers
 
 
 def _softmax(z):
@@ -36,7 +36,8 @@ def test_full_loss_matches_numpy():
 
 def _student(seed=0):
     tf_keras.utils.set_random_seed(seed)
-    return tf_keras.Sequential([tf_keras.layers.Dense(8, activation="tanh", input_shape=(5,)), tf_keras.layers.Dense(3)])
+    return tf_keras.Sequential([tf_keras.layers.Dense(8, activation="tanh", input_shape=(5,)),
+                                tf_keras.layers.Dense(3)])
 
 
 def _teacher(seed=5, classes=3):
@@ -138,7 +139,7 @@ def test_under_mixed_float16_the_distiller_scales_its_loss_so_small_gradients_su
     """Inputs of 1e-4 and output weights of 1e-3 make first-layer gradients of about 1e-8, below float16's smallest
     number: unscaled, the step would leave those weights as they were. Scaled, it moves them as float32 does
     (tolerance: float16's rounding, 2e-2 relative)."""
-    LEARNING_RATE = 1e4  # noqa: N806
+    LEARNING_RATE = 1e4
     rng = np.random.default_rng(3)
     x, y = (1e-4 * rng.uniform(1, 2, size=(16, 5))).astype("float32"), rng.integers(0, 3, size=16)
     outputs = (1e-3 * np.sign(rng.normal(size=(8, 3)))).astype("float32")

@@ -378,8 +378,8 @@ def test_run_report_shows_the_table_and_every_models_curve(distill_run):
     folder = os.path.dirname(report)
     data = json.load(open(os.path.join(folder, "report.json")))
     assert data["evaluation"] == _results(distill_run["outputs"])
-    assert data["node_curves"] == sorted(f"{n}.val_accuracy" for n in
-                                         ["Teacher_0", "Teacher_1", "Teacher_2", "Student_scratch", "Student_distilled"])
+    nodes = ["Teacher_0", "Teacher_1", "Teacher_2", "Student_scratch", "Student_distilled"]
+    assert data["node_curves"] == sorted(f"{n}.val_accuracy" for n in nodes)
     for name in data["node_curves"]:
         assert data["series"][name] == [list(p) for p in records.history(distill_run["mlflow_run_id"], name)]
     assert len(data["series"]["Student_distilled.val_accuracy"]) == CONF["student_epochs"]

@@ -376,8 +376,9 @@ def test_remat_recomputes_the_forward_inside_the_backward_micro_step(remat):
     k, m = 2, 4
     _, pipe = _pair(k, m, remat)
     graph = _step_graph(pipe)
+    operations = graph.get_operations()
     recomputed = {(s, i) for s in range(k) for i in range(m)
-                  if any(op.type == "MatMul" and op.name.startswith(f"stage{s}_B{i}/") for op in graph.get_operations())}
+                  if any(op.type == "MatMul" and op.name.startswith(f"stage{s}_B{i}/") for op in operations)}
     expected = {"always": range(m), "except_last": range(m - 1), "never": range(0)}[remat]
     assert recomputed == {(s, i) for s in range(k) for i in expected}
     assert all(any(op.type == "MatMul" and op.name.startswith(f"stage{s}_F{i}/") for op in graph.get_operations())

@@ -96,7 +96,8 @@ def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model
         cluster, cluster_store, slurm, store_penguin, uninterrupted):
     from hpml.components.trainer.progress_state import progress_dir, read_progress, working_dir_for
 
-    outputs = {"model": f"{cluster_store.root}/slurm/killed/model", "model_run": f"{cluster_store.root}/slurm/killed/run"}
+    killed_root = f"{cluster_store.root}/slurm/killed"
+    outputs = {"model": f"{killed_root}/model", "model_run": f"{killed_root}/run"}
     work, worker2 = working_dir_for(outputs["model"]), cluster["worker2"]
     killed, seen = {}, {}
 

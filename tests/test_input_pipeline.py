@@ -402,7 +402,8 @@ def test_corrupt_shard_is_named(tuned, shards, tmp_path):
 @pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
 def test_a_compressed_shard_cut_short_is_named_before_it_is_read(tuned, tmp_path, compression):
     for shard in range(3):
-        _write_shard(tmp_path / f"part-{shard}.tfrecord", range(shard * 1000, shard * 1000 + 150), compression=compression)
+        _write_shard(tmp_path / f"part-{shard}.tfrecord", range(shard * 1000, shard * 1000 + 150),
+                     compression=compression)
     victim = tmp_path / "part-1.tfrecord"
     whole = victim.read_bytes()
     victim.write_bytes(_trailer_cut(whole))
@@ -479,7 +480,7 @@ def test_stage_breakdown_names_the_slowest_stage_and_plots_it(tuned, shards, tmp
         lambda x: (__import__("time").sleep(0.05), x)[1], [features["x"]], tf.float32, stateful=False))
     profiled = dataclasses.replace(tuned, map_parallelism=1, autotune=True)  # the model needs autotune on
     dataset = build_dataset(profiled, [os.path.join(shards, "*.gz")], SCHEMA, shuffle=False, transform=slow)
-    rows = plain = stages.profile_pipeline(dataset)
+    rows = stages.profile_pipeline(dataset)
     names = [r["stage"] for r in rows]
     assert any("Interleave" in n for n in names) and any("Map" in n for n in names)
     assert abs(sum(r["share"] for r in rows) - 1) < 1e-6

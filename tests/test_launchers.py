@@ -4,7 +4,6 @@ aiplatform proto types; submission logic against a loopback stand-in for the Kub
 No cluster is reachable here, so the stand-in answers like the API server would; the thing under
 test is our render/submit/wait code and the real kubernetes client speaking HTTP."""
 import json
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer

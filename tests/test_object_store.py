@@ -43,7 +43,8 @@ def test_publishing_writes_in_place_and_the_manifest_last(gcs, tmp_path):
     assert _manifest(uri) == {"Split-train/part-0.gz": 10, "schema.pbtxt": 10}
     artifacts.require_published(uri, "Examples")
     stored = _objects(gcs, uri)
-    assert stored == {"Split-train/part-0.gz": 10, "schema.pbtxt": 10, artifacts.PUBLISHED_FILE: stored[artifacts.PUBLISHED_FILE]}
+    assert stored == {"Split-train/part-0.gz": 10, "schema.pbtxt": 10,
+                      artifacts.PUBLISHED_FILE: stored[artifacts.PUBLISHED_FILE]}
 
 
 def test_a_retried_writer_replaces_the_earlier_attempt_whole(gcs, tmp_path):

@@ -24,8 +24,9 @@ def test_trainer_properties_become_run_record_fields(tmp_path):
         "history": [{"epoch": 1, "loss": 0.9, "accuracy": 0.5}, {"epoch": 2, "loss": 0.4, "accuracy": 0.8}],
         "eval_metrics": {"accuracy": 0.75},
         "plan": {"strategy": "multi_worker_mirrored", "reasons": ["2 workers and no parameter servers"]},
-        "launch": {"restarts": 1, "steps_lost": 4, "recovery_seconds": [12.5], "failures": ["worker-1 ...", "worker-0 ..."],
-                   "restarted_in_place": ["worker-0"], "rejoin_seconds": [3.5]},
+        "launch": {"restarts": 1, "steps_lost": 4, "recovery_seconds": [12.5],
+                   "failures": ["worker-1 ...", "worker-0 ..."], "restarted_in_place": ["worker-0"],
+                   "rejoin_seconds": [3.5]},
         "gpipe": {"num_stages": 2, "num_micro_batches": 4, "balance": [2, 2], "remat": "always",
                   "schedule": "gpipe", "stage_costs_s": [0.1, 0.2], "expected_bubble": 0.2, "measured_bubble": 0.25},
     }

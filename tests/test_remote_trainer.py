@@ -49,7 +49,8 @@ def test_trainer_runs_multi_worker_training_as_a_tfjob(penguin_outputs, operator
     (job,) = operator.jobs.values()
     jsonschema.validate(job["manifest"], tfjob_schema)
     container = job["manifest"]["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]
-    assert container["image"] == IMAGE and container["command"][:3] == ["python", "-m", "hpml.components.trainer.worker"]
+    assert container["image"] == IMAGE
+    assert container["command"][:3] == ["python", "-m", "hpml.components.trainer.worker"]
     assert sorted(job["cluster"]) == ["chief", "worker"], "the replicas formed the cluster the manifest asked for"
     assert job["manifest"]["spec"]["runPolicy"]["activeDeadlineSeconds"] == 86400, "the operator's own backstop"
     assert [row["epoch"] for row in props["history"]] == [1, 2]
@@ -116,7 +117,8 @@ def test_bad_input_on_a_tfjob_stops_the_job_instead_of_restarting_it(penguin_out
     module.write_text(BAD_INPUT)
     out = trainer_outputs(tmp_path, "bad_input")
     with pytest.raises(HpmlError, match=r"TFJob ml/hpml-trainer-\w+-\w+: pod hpml-trainer-\w+-\w+-chief-0 exited "
-                                        r"with code 2: hpml\.components\.errors.InputDataError: data.csv:7: row 7 is bad "
+                                        r"with code 2: hpml\.components\.errors.InputDataError: "
+                                        r"data.csv:7: row 7 is bad "
                                         r"hint: fix row 7; bad input or parameters, so the job is stopped, not "
                                         r"restarted") as err:
         TRAINER.run(trainer_inputs(penguin_outputs), out, _params(module=str(module), max_restarts=2))

@@ -99,7 +99,7 @@ def _kill_workers_at_random(work: str, rng: random.Random, kills: int) -> tuple[
                 time.sleep(0.05)
                 continue
             seen |= set(workers.values())
-            alive = lambda: all(running(pid) for pid in workers.values())  # noqa: E731
+            alive = lambda workers=workers: all(running(pid) for pid in workers.values())  # noqa: E731
             if not _wait_for_a_kill_moment(rng, work, plan[len(done)], alive):
                 continue  # that attempt failed or ended on its own: wait for the next one
             name = rng.choice(sorted(workers))
@@ -161,7 +161,7 @@ def test_one_process_killed_at_random_moments_and_retried_ends_with_the_uninterr
     plan = _kill_plan(rng)
     while len(kills) < KILLS:
         process = _trainer_process(inputs, killed, params, log)
-        if not _wait_for_a_kill_moment(rng, work, plan[len(kills)], lambda: process.poll() is None):
+        if not _wait_for_a_kill_moment(rng, work, plan[len(kills)], lambda process=process: process.poll() is None):
             finished(process)
             raise AssertionError(f"an attempt ended before its kill moment: {kills}")
         process.send_signal(signal.SIGKILL)

@@ -34,7 +34,8 @@ def _decode(name: str) -> str:
 def _ids() -> list[str]:
     rng = random.Random(66)
     ids = {"", ".", "..", "...", "~", "~7E", "sec~col", "sec_col", "sec:col", "sec+col",
-           "scheduled__2026-01-01T00:00:00+00:00", "scheduled__2026-01-01T00_00_00_00_00", "manual__2026-11-27T10:00:00.123456+00:00", ".hidden", "a.",
+           "scheduled__2026-01-01T00:00:00+00:00", "scheduled__2026-01-01T00_00_00_00_00",
+           "manual__2026-11-27T10:00:00.123456+00:00", ".hidden", "a.",
            "@BODY@<b>", "x" * 250, ":" * 250, "😀" * 250}
     # Every id of up to four characters over a small alphabet that holds each kind of character.
     for length in range(5):

@@ -10,7 +10,8 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 

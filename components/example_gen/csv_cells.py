@@ -7,7 +7,7 @@ regular expressions over whole columns: a cell is an integer, a number, NaN, an 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa

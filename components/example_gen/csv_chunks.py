@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from hpml.components import files as file_system
 from hpml.components.example_gen.csv_header import READ_ERRORS, unreadable

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 from hpml.components.errors import InputDataError
 from hpml.components.example_gen.inputs import looks_like_tfrecord, open_csv, undecodable

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from hpml.components.errors import InputDataError
 from hpml.components.example_gen.csv_header import READ_ERRORS, file_not_decodable_hint, row_not_decodable_hint, \

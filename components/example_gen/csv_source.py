@@ -10,7 +10,7 @@ per-row path (`csv_rows`), which names the file, line and column, and skips and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np

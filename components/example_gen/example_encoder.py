@@ -16,7 +16,7 @@ Wire format (field numbers from example.proto and feature.proto):
 from __future__ import annotations
 
 import functools
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa

@@ -7,7 +7,8 @@ its own shard of every split (`csv_source`). TFRecord input is read a batch of r
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import apache_beam as beam
 

@@ -9,7 +9,7 @@ Python, so the two put a given record in the same split only by chance; the rati
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -66,7 +66,7 @@ class ShardWriters:
             self.counts[index] += len(chosen)
             writer.write(chosen.to_pylist())
 
-    def __enter__(self) -> "ShardWriters":
+    def __enter__(self) -> ShardWriters:
         return self
 
     def __exit__(self, *exc) -> None:

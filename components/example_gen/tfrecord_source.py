@@ -8,7 +8,7 @@ written as they were read, to the work item's shard of their split.
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np

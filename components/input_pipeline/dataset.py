@@ -9,7 +9,7 @@ permuted many epochs at a time. The expensive parse (and any transform) runs bef
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -8,7 +8,7 @@ import gzip
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 TFRECORD_FRAMING_BYTES = 16
 

@@ -76,7 +76,7 @@ class InputPipelineSpec:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str, source: str = "input pipeline spec") -> "InputPipelineSpec":
+    def from_json(cls, text: str, source: str = "input pipeline spec") -> InputPipelineSpec:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:

@@ -6,7 +6,8 @@ import json
 import logging
 import os
 from dataclasses import asdict
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from hpml.components import artifacts, files
 from hpml.components.errors import SpecError

@@ -29,7 +29,7 @@ class ClusterInfo:
     ps: int = 0
 
     @classmethod
-    def from_tf_config(cls, text: str | None) -> "ClusterInfo":
+    def from_tf_config(cls, text: str | None) -> ClusterInfo:
         if not text:
             return cls()
         try:

@@ -74,7 +74,7 @@ class StepTuning:
                 "seconds": self.seconds, "reused": self.reused, "trace_s": self.trace_s}
 
     @staticmethod
-    def from_dict(data: dict) -> "StepTuning":
+    def from_dict(data: dict) -> StepTuning:
         return StepTuning(StepChoice(**data["choice"]), data.get("measured", []), data.get("reasons", {}),
                           data.get("seconds", 0.0), data.get("reused", False), data.get("trace_s", 0.0))
 
@@ -445,7 +445,7 @@ def _sweep(model, iterator, batch_size: int, values: list[int], enough) -> tuple
     noise hits every value alike), and the rounds run; a round stops two doublings past the knee, and
     `enough(rates)` ends the sweep after its first round."""
     rates: dict[int, float] = {}
-    for rounds in (1, 2):
+    for rounds in (1, 2):  # noqa: B007 - how many ran is returned
         best_so_far, flat = 0.0, 0
         for value in values:
             rate = _rate(model, iterator, batch_size, value)

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import apache_beam as beam
 import pyarrow as pa
@@ -55,7 +55,7 @@ class _DecodeFile(beam.DoFn):
 
 
 @beam.ptransform_fn
-def ReadExampleBatches(pipeline, shards: list[str], schema, records: int = BATCH_RECORDS):  # noqa: N802 - Beam style
+def ReadExampleBatches(pipeline, shards: list[str], schema, records: int = BATCH_RECORDS):
     """PCollection[pa.RecordBatch] of the tf.Examples in `shards`, decoded by `schema`, as tfxio's TFExampleRecord
     decodes them."""
     return (pipeline
@@ -121,7 +121,7 @@ def _publish(written: list[str], prefix: str) -> list[str]:
 
 
 @beam.ptransform_fn
-def WriteExampleShards(batches, prefix: str, temp_dir: str):  # noqa: N802 - Beam style
+def WriteExampleShards(batches, prefix: str, temp_dir: str):
     """Writes PCollection[pa.RecordBatch] as GZIP TFRecord shards `{prefix}-*-of-*.gz` of tf.Examples; files are
     first written under `temp_dir`, which the caller removes. Yields the list of shard paths."""
     return (batches

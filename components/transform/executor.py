@@ -10,7 +10,8 @@ import functools
 import json
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
@@ -55,7 +56,7 @@ def _guarded(preprocessing_fn, schema):
     def checked(inputs):
         try:
             outputs = preprocessing_fn(inputs)
-        except Exception as err:  # noqa: BLE001 - any failure in user code is reported the same way
+        except Exception as err:
             where = failing_line(err, preprocessing_fn)
             if isinstance(err, KeyError) and err.args and isinstance(err.args[0], str) and err.args[0] not in inputs:
                 raise SpecError(f"Transform: preprocessing_fn reads feature {err.args[0]!r}, which the raw "

@@ -10,7 +10,7 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 LABEL_KEY = "digit"
 PIXELS = tuple(f"pixel_{i}" for i in range(64))

@@ -1,5 +1,5 @@
-"""The penguin user module, derived from the columns of penguins.csv: `preprocessing_fn` for Transform and `run_fn`
-for Trainer. Written by `hpml init`; edit it freely.
+"""The penguin user module, derived from the columns of penguins.csv: `preprocessing_fn` for Transform
+and `run_fn` for Trainer. Written by `hpml init`; edit it freely.
 
 Written against TFX's contract (FnArgs fields, tfxio dataset options) and `hpml.v1` only, so a TFX pipeline can
 use it as its Transform and Trainer module_file.
@@ -10,8 +10,8 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import tensorflow as tf  # noqa: E402
-import tensorflow_transform as tft  # noqa: E402
+import tensorflow as tf
+import tensorflow_transform as tft
 
 LABEL_KEY = "species"
 TASK = "classification"  # "classification" or "regression"

@@ -66,7 +66,7 @@ _EXPORTS = {
     "student_for_serving": "hpml.components.trainer.distill.mode:student_for_serving",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str):

@@ -7,7 +7,7 @@ between tasks as XCom; `finish_run` closes the record. Tasks never touch Airflow
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
@@ -78,7 +78,7 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
     with DAG(
         dag_id=pipeline.name,
         schedule=_schedule(schedule),
-        start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        start_date=datetime(2026, 1, 1, tzinfo=UTC),
         catchup=False,
         params=airflow_params(pipeline.params_schema),
         doc_md=_doc(pipeline),

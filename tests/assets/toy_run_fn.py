@@ -12,7 +12,7 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 EPOCHS = 3
 

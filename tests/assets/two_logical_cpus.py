@@ -11,7 +11,7 @@ import sys
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)

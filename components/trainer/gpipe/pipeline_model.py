@@ -113,7 +113,7 @@ class PipelineModel(tf_keras.Model):
         if self._layer_costs is not None:
             costs = list(self._layer_costs)
         elif self.balance == "params":
-            costs = [max(l.count_params(), 1) for l in self.pipeline_layers]
+            costs = [max(layer.count_params(), 1) for layer in self.pipeline_layers]
         else:
             raise SpecError("balance='time' needs layer_costs (see gpipe.profile.layer_costs)")
         self.stages = partition.block_partition(costs, self.num_stages)
@@ -137,7 +137,8 @@ class PipelineModel(tf_keras.Model):
         """balance='params' counts parameters, which unbuilt layers do not have yet. Layers built
         elsewhere already hold their variables on the device they were built on, so the clean
         way is to pass their costs (e.g. parameter counts) as layer_costs, or explicit counts."""
-        if self.balance == "params" and self._layer_costs is None and not all(l.built for l in self.pipeline_layers):
+        unbuilt = not all(layer.built for layer in self.pipeline_layers)
+        if self.balance == "params" and self._layer_costs is None and unbuilt:
             raise SpecError("balance='params' needs layer_costs (e.g. each layer's parameter count) for unbuilt layers",
                             hint="or give an explicit balance such as [2, 2]; pre-built layers keep the device "
                                  "they were built on")

@@ -106,7 +106,7 @@ def executed_order(events: list[OpEvent], num_stages: int) -> list[list[tuple[st
     for event in events:
         steps.setdefault((event.stage, event.kind, event.micro), []).append(event)
     order = [[] for _ in range(num_stages)]
-    for (stage, kind, micro), ops in sorted(steps.items(), key=lambda item: _anchor(item[1])):
+    for (stage, kind, micro), _ in sorted(steps.items(), key=lambda item: _anchor(item[1])):
         order[stage].append((kind, micro))
     return order
 

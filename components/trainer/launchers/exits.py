@@ -10,9 +10,10 @@ def error_summary(lines: list[str], tail_if_no_exception: bool = True) -> str:
     """The last exception line of a process's output and the message right after it."""
     for i in range(len(lines) - 1, -1, -1):
         if _EXCEPTION_LINE.match(lines[i].strip()):
-            following = [l.strip() for l in lines[i + 1:i + 4] if l.strip() and not l.strip().startswith("[[")]
+            after = (line.strip() for line in lines[i + 1:i + 4])
+            following = [line for line in after if line and not line.startswith("[[")]
             return " ".join([lines[i].strip(), *following[:2]])[:600]
     if not tail_if_no_exception:
         return ""
-    tail = [l.strip() for l in lines if l.strip()]
+    tail = [line.strip() for line in lines if line.strip()]
     return " | ".join(tail[-2:])[:600]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 from hpml.components.errors import HpmlError
 from hpml.components.trainer.launchers.stopping import raise_if_stopped

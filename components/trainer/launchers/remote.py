@@ -48,7 +48,7 @@ class RemoteCluster:
     shared_filesystem: bool = False  # Slurm: the artifact root is a mount every node has at the same path
 
     @classmethod
-    def from_params(cls, launcher: str, raw: dict) -> "RemoteCluster":
+    def from_params(cls, launcher: str, raw: dict) -> RemoteCluster:
         """Validate the Trainer's `cluster` parameter for `launcher`; every problem names its field."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - set(fields))
@@ -64,7 +64,8 @@ class RemoteCluster:
             raise SpecError(f"Trainer: launcher {launcher!r} needs cluster.image, the training image to run",
                             hint="build it from infra/Dockerfile and push it where the cluster can pull it")
         if "shared_filesystem" in raw and not isinstance(raw["shared_filesystem"], bool):
-            raise SpecError(f"Trainer: cluster.shared_filesystem must be true or false, got {raw['shared_filesystem']!r}")
+            raise SpecError("Trainer: cluster.shared_filesystem must be true or false, "
+                            f"got {raw['shared_filesystem']!r}")
         if "port" in raw and (not isinstance(raw["port"], int) or isinstance(raw["port"], bool)
                               or not 1024 <= raw["port"] <= 65000):
             raise SpecError(f"Trainer: cluster.port must be a port number from 1024 to 65000, got {raw['port']!r}")

@@ -48,7 +48,7 @@ class SlurmState:
     nodes: str = ""
 
     @classmethod
-    def parse(cls, line: str) -> "SlurmState":
+    def parse(cls, line: str) -> SlurmState:
         """From one line of `scontrol show job -o ID`."""
         fields = dict(re.findall(r"(\w+)=(\S*)", line))
         state = fields.get("JobState", "UNKNOWN")
@@ -198,6 +198,44 @@ class _Recovery:
             self.pending = None
 
 
+class _Attempt:
+    """One submission of the job: submits it, echoes its tasks' logs while it runs, and cancels it as soon as a
+    task has failed (srun may otherwise wait on a dead host's tasks until Slurm declares the node down)."""
+
+    def __init__(self, text: str, job: ClusterJob, working_dir: str, recovery: _Recovery, deadline: float,
+                 poll_s: float):
+        self.text, self.job, self.working_dir, self.recovery = text, job, working_dir, recovery
+        self.deadline, self.poll_s = deadline, poll_s
+        self.job_id, self.lost = "", {}
+
+    def submit(self) -> None:
+        self.job_id = submit(self.text)
+        self.recovery.report.jobs.append(self.job_id)
+        log.info("Slurm job %s submitted: %d task(s), one per node", self.job_id, sum(self.job.roles().values()))
+
+    def wait(self) -> SlurmState:
+        logs = _Logs(os.path.join(self.working_dir, LOG_DIR, self.job_id))
+
+        def look():
+            logs.echo()
+            self.recovery.check()
+            if logs.failed and not self.lost:
+                self.lost.update(logs.failed)
+                log.warning("Slurm job %s: %s failed; cancelling the job", self.job_id,
+                            ", ".join(f"{task} (exit {code})" for task, code in sorted(self.lost.items())))
+                cancel(self.job_id)
+
+        ended = _wait(self.job_id, look, self.deadline - time.monotonic(), self.poll_s,
+                      also_ended=lambda: bool(self.lost))
+        logs.finish()
+        self.recovery.check()
+        return ended
+
+    def cancel(self) -> None:
+        if self.job_id:
+            cancel(self.job_id)
+
+
 def run(job: ClusterJob, working_dir: str, progress: str, *, partition: str | None = None, python: str = "python",
         port: int = 8888, max_restarts: int = 2, timeout_s: float = 24 * 3600.0, poll_s: float = 5.0) -> dict:
     """Submit the job and wait for it, submitting it again after a failure; returns what the run record keeps."""
@@ -205,36 +243,9 @@ def run(job: ClusterJob, working_dir: str, progress: str, *, partition: str | No
     recovery = _Recovery(progress, report)
     text = script(job, partition, python, port, timeout_s)
     while True:
-        job_id, lost = "", {}
-
-        def submit_job():
-            nonlocal job_id
-            job_id = submit(text)
-            report.jobs.append(job_id)
-            log.info("Slurm job %s submitted: %d task(s), one per node", job_id, sum(job.roles().values()))
-
-        def wait_job():
-            logs = _Logs(os.path.join(working_dir, LOG_DIR, job_id))
-
-            def look():
-                logs.echo()
-                recovery.check()
-                if logs.failed and not lost:
-                    # A task ended badly (e.g. it lost a peer whose host died): srun may wait on that host's
-                    # tasks until Slurm declares the node down, so the job is cancelled now and started again.
-                    lost.update(logs.failed)
-                    log.warning("Slurm job %s: %s failed; cancelling the job", job_id,
-                                ", ".join(f"{task} (exit {code})" for task, code in sorted(lost.items())))
-                    cancel(job_id)
-
-            ended = _wait(job_id, look, timeout_s - (time.monotonic() - started), poll_s,
-                          also_ended=lambda: bool(lost))
-            logs.finish()
-            recovery.check()
-            return ended
-
-        ended = wait_or_stop_job("the Slurm job", wait_job, lambda: job_id and cancel(job_id), SlurmJobFailed,
-                                 submit=submit_job)
+        attempt = _Attempt(text, job, working_dir, recovery, started + timeout_s, poll_s)
+        ended = wait_or_stop_job("the Slurm job", attempt.wait, attempt.cancel, SlurmJobFailed, submit=attempt.submit)
+        job_id, lost = attempt.job_id, attempt.lost
         if ended.nodes and ended.nodes != "(null)":
             report.nodes.append(ended.nodes)
         if ended.state == DONE and ended.exit_code == 0:

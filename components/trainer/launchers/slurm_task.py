@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 LOG_EVERY_S = 5.0
 # A peer whose TF port has refused connections this long is gone (its host died or was cut off). MultiWorker

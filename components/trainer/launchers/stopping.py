@@ -15,7 +15,8 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 from hpml.components.errors import HpmlError
 
@@ -124,6 +125,6 @@ def wait_or_stop_job(job: str, wait: Callable[[], T], stop_job: Callable[[], Non
             log.warning("stopping %s: the wait for it ended first (%s)", job, type(err).__name__)
             try:
                 stop_job()
-            except Exception:  # noqa: BLE001 - the first error is the one to report
+            except Exception:
                 log.exception("could not stop %s: stop it by hand", job)
             raise
