@@ -5,10 +5,12 @@ Local paths use the standard library, so code that never sees a URL never import
 """
 from __future__ import annotations
 
+import contextlib
 import glob as _glob
 import io
 import os
 import shutil
+import uuid
 from typing import IO
 from collections.abc import Iterator
 
@@ -92,8 +94,35 @@ def read_text(path: str) -> str:
 
 
 def write_text(path: str, text: str) -> None:
-    with open_file(path, "w") as handle:
-        handle.write(text)
+    """Replace the file whole: a reader never sees half of it, and a write that fails leaves the old file. Locally
+    through a hidden sibling renamed into place; an object store's object appears whole when closed."""
+    if is_url(path):
+        with _gfile().GFile(path, "w") as handle:
+            handle.write(text)
+        return
+    write_texts({path: text})
+
+
+def write_texts(texts: dict) -> None:
+    """Write several local files (path -> text) all or none: each goes to a hidden sibling first, and only when
+    every one is written are they renamed into place."""
+    staged = []
+    try:
+        for path, text in texts.items():
+            path = str(path)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            folder, name = os.path.split(path)
+            temporary = os.path.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+            staged.append((temporary, path))
+            with open(temporary, "w", encoding="utf-8") as handle:
+                handle.write(text)
+    except BaseException:
+        for temporary, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        raise
+    for temporary, path in staged:
+        os.replace(temporary, path)
 
 
 def exists(path: str) -> bool:

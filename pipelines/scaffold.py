@@ -16,10 +16,10 @@ import csv
 import difflib
 import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpml.components import files
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.example_gen.text_encoding import DEFAULT_ENCODING
 from hpml.pipelines.airflow.dag_file import dag_file_text
@@ -212,23 +212,6 @@ def render_pipeline(profile: CsvProfile, name: str) -> str:
             .replace("@FEATURES@", _tuple((profile.label, *profile.numeric, *profile.categorical))))
 
 
-def _write_all(files: dict[Path, str]) -> None:
-    """Write every file to a temporary sibling first, then rename them into place: an error leaves none."""
-    staged = []
-    try:
-        for path, text in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-            tmp.write_text(text, encoding="utf-8")
-            staged.append((tmp, path))
-    except BaseException:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        raise
-    for tmp, path in staged:
-        os.replace(tmp, path)
-
-
 def init_project(name: str, csv_path: str, label: str, directory: str = ".", dags_folder: str | None = None,
                  task: str | None = None, force: bool = False) -> tuple[CsvProfile, dict[str, str]]:
     """Profile the CSV and write the project folder: the profile, and {"pipeline"|"module"|"dag": path}."""
@@ -243,7 +226,8 @@ def init_project(name: str, csv_path: str, label: str, directory: str = ".", dag
                                                                          "overwrite")
     source = Path(profile.path).name
     description = f"{name}: {profile.task} of {profile.label} from {source}"
-    _write_all({paths["pipeline"]: render_pipeline(profile, name),
+    # All three or none: an error leaves no half-written pipeline.
+    files.write_texts({paths["pipeline"]: render_pipeline(profile, name),
                 paths["module"]: render_module(profile, name, source),
                 paths["dag"]: dag_file_text(f"{paths['pipeline']}:PIPELINE", description)})
     return profile, {kind: str(path) for kind, path in paths.items()}

@@ -27,14 +27,8 @@ def progress_dir(working_dir: str) -> str:
 
 
 def write_json(path: str, state) -> None:
-    """Replaces the file whole: a reader never sees half of it (an object store's objects appear whole)."""
-    if files.is_url(path):
-        files.write_text(path, json.dumps(state))
-        return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(state, handle)
-    os.replace(tmp, path)
+    """Replaces the file whole: a reader never sees half of it."""
+    files.write_text(path, json.dumps(state))
 
 
 def read_json(path: str):

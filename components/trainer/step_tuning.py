@@ -29,6 +29,8 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
+from hpml.components import files
+
 log = logging.getLogger("hpml.trainer")
 
 TUNED_STEP_FILE = "tuned_step.json"
@@ -631,11 +633,7 @@ def _write_cache(cache_dir: str | None, key: str, tuning: StepTuning) -> None:
     if not cache_dir:
         return
     try:
-        os.makedirs(cache_dir, exist_ok=True)
-        tmp = os.path.join(cache_dir, f".{key}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(tuning.to_dict(), handle, indent=2)
-        os.replace(tmp, os.path.join(cache_dir, f"{key}.json"))
+        files.write_text(os.path.join(cache_dir, f"{key}.json"), json.dumps(tuning.to_dict(), indent=2))
     except OSError as err:  # a cache that cannot be written costs a measurement next time, nothing else
         log.warning("the tuned step could not be cached in %s: %s", cache_dir, err)
 

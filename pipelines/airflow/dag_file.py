@@ -2,8 +2,7 @@
 Airflow of `hpml run --engine airflow` parses."""
 from __future__ import annotations
 
-import os
-import uuid
+from hpml.components import files
 
 
 def dag_file_text(reference: str, description: str, schedule: str | None = "@daily") -> str:
@@ -25,8 +24,5 @@ def write_dag_file(path: str, text: str) -> bool:
                 return False
     except FileNotFoundError:
         pass
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    files.write_text(path, text)
     return True

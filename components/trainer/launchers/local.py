@@ -163,13 +163,7 @@ class LocalLauncher:
     def _write_pids(self, path: str) -> None:
         from hpml.components import files
 
-        if files.is_url(path):  # an object appears whole when written
-            files.write_text(path, json.dumps(self.pids()))
-            return
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(self.pids(), handle)
-        os.replace(tmp, path)
+        files.write_text(path, json.dumps(self.pids()))
 
     def run(self, job_path: str, progress_dir: str) -> LaunchReport:
         report = LaunchReport()
