@@ -52,6 +52,26 @@ def test_steps_per_execution_is_read_from_a_fit_of_all_bursts_not_from_the_lucki
     assert smallest_as_fast({1: 100.0, 2: 180.0}) == 2, "two values: the bursts themselves"
 
 
+def test_a_choice_is_never_a_value_its_own_bursts_show_clearly_slower_and_the_reason_says_so():
+    """A 1M-row run's sweep: one slow burst at 32 (263k examples/s where 16 ran 661k and 64 592k) pulled the fit
+    to choose 32. A choice its own numbers show more than BURST_NOISE slower than another value's is refused."""
+    from hpml.components.trainer.step_tuning import BURST_NOISE, _spe_reason
+
+    rates = {1: 219_500, 2: 380_000, 4: 520_000, 8: 600_000, 16: 660_858, 32: 263_444, 64: 592_345}
+    spe = smallest_as_fast(rates, 1024)
+    assert rates[spe] >= (1 - BURST_NOISE) * max(rates.values())
+    assert spe == 16 and _spe_reason(spe, rates) == "16 ran 660,858 examples/s, 3.0x one step per call"
+    # Within the noise, the fit still decides, and the reason prints the faster burst beside the choice.
+    compute, overhead = 1e-6, 4e-6
+    slowed = {v: 1 / (compute + overhead / v) for v in (1, 2, 4, 8, 16, 32, 64)}
+    slowed[64] *= 0.9
+    assert smallest_as_fast(slowed) == 64
+    assert _spe_reason(64, slowed) == ("64 ran 847,059 examples/s, 4.2x one step per call; 32's best burst ran 5% "
+                                       "faster, within the noise of the fit of every value's bursts, and fewer "
+                                       "steps per call keep callbacks finer")
+    assert _spe_reason(1, {1: 100.0, 2: 99.0}) == "more steps per call were not faster here"
+
+
 def test_the_choice_counts_what_fit_adds_to_each_call():
     """Bursts call the train function directly; fit adds its own work to every call. The penguin-size model's bursts
     here: 0.25 ms a step and 0.5 ms a call at batch 256, where 32 steps per call look within 3% of 64, and fit, which

@@ -38,6 +38,9 @@ MAX_STEPS_PER_EXECUTION = 64
 BURST_S = 0.03  # a timed burst of one candidate lasts at least this long
 MIN_SWEEP_S = 0.25  # the steps_per_execution sweep may always take this long, however short the training
 WITHIN = 0.03  # a smaller steps_per_execution this close to the fastest is preferred
+# A value whose own best burst is this much slower than another value's is slower, whatever the fit says: the fit
+# smooths noise, it must not overrule a gap wider than the noise (best-of-two bursts here vary by about a tenth).
+BURST_NOISE = 0.15
 # What tf_keras's fit adds to every call of the train function (callback hooks, its step bookkeeping), which bursts
 # calling the function directly do not pay: 0.5 ms measured with tf_keras 2.21 on this project's 2-core machines.
 # Left out, the fit of the bursts put 32 steps per call within 3% of 64 where fit ran 64 7-20% faster.
@@ -320,9 +323,7 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     tuning.measured += [{"steps_per_execution": v, "jit_compile": False, "precision": FLOAT32,
                          "examples_per_s": r} for v, r in sorted(rates.items())]
     if "steps_per_execution" not in pinned:
-        tuning.reasons["steps_per_execution"] = (
-            f"{spe} ran {rates[spe]:,.0f} examples/s, {rates[spe] / rates[1]:.1f}x one step per call"
-            if spe != 1 else "more steps per call were not faster here")
+        tuning.reasons["steps_per_execution"] = _spe_reason(spe, rates)
     choice = StepChoice(spe)
     fastest = rates[spe]
 
@@ -468,7 +469,8 @@ def smallest_as_fast(rates: dict[int, float], batch_size: int | None = None) -> 
     A call's time is its steps' compute plus a fixed overhead, so a step costs `c + o / steps_per_execution`. That
     line is fitted to every value's best burst (least squares in 1 / steps_per_execution), and the choice is read
     from the fit, not from single bursts, which on a noisy machine can make a small value look as fast as a large
-    one. Fewer than three values, or a fit that is not a cost falling with more steps, fall back to the bursts.
+    one. Fewer than three values, a fit that is not a cost falling with more steps, or a fitted choice that its own
+    bursts show slower than another value's by more than BURST_NOISE, fall back to the bursts.
     Given the `batch_size`, each call also pays FIT_CALL_S, the work `fit` adds around a call, which bursts do not."""
     if batch_size:
         rates = {v: 1.0 / (1.0 / r + FIT_CALL_S / (batch_size * v)) for v, r in rates.items()}
@@ -482,9 +484,23 @@ def smallest_as_fast(rates: dict[int, float], batch_size: int | None = None) -> 
         compute = mean_y - overhead * mean_x
         if overhead > 0 and compute > 0:
             fitted = {v: 1.0 / (compute + overhead / v) for v in values}
-            return min(v for v in values if fitted[v] >= (1 - WITHIN) * fitted[values[-1]])
+            choice = min(v for v in values if fitted[v] >= (1 - WITHIN) * fitted[values[-1]])
+            if rates[choice] >= (1 - BURST_NOISE) * max(rates.values()):
+                return choice
     best = max(rates.values())
     return min(value for value, rate in rates.items() if rate >= (1 - WITHIN) * best)
+
+
+def _spe_reason(spe: int, rates: dict[int, float]) -> str:
+    """Why `spe`, in the numbers measured: its own rate, and the fastest burst where that was another value's."""
+    fastest = max(rates, key=rates.get)
+    if spe == 1 and fastest == 1:
+        return "more steps per call were not faster here"
+    reason = f"{spe} ran {rates[spe]:,.0f} examples/s, {rates[spe] / rates[1]:.1f}x one step per call"
+    if fastest != spe:
+        reason += (f"; {fastest}'s best burst ran {rates[fastest] / rates[spe] - 1:.0%} faster, within the noise "
+                   "of the fit of every value's bursts, and fewer steps per call keep callbacks finer")
+    return reason
 
 
 def _measure_on(model, iterator, batch_size: int, spe: int, jit: bool, against=None) -> tuple[float, float]:
