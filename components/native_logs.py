@@ -41,7 +41,6 @@ def start_tensorflow(verbose: bool = False):
     """Import TensorFlow and list its devices quietly; returns the tensorflow module. Idempotent."""
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
     saved = os.dup(2)

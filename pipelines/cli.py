@@ -7,7 +7,6 @@ import os
 import sys
 import warnings
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from hpml.components import files

@@ -10,8 +10,6 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-
 
 def _serve(config: dict) -> None:
     import tensorflow as tf

@@ -10,9 +10,6 @@ is in `hpml.v1.airflow`. Anything not listed here is internal and may change wit
 from __future__ import annotations
 
 import importlib
-import os
-
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf_keras for all model code; must precede TensorFlow
 
 # public name -> "module:attribute" it is defined in
 _EXPORTS = {

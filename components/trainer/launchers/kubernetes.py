@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from hpml import KERAS_ENV
 from hpml.components.errors import USER_ERROR_EXIT, HpmlError
 from hpml.components.trainer.launchers.cluster_job import ClusterJob
 from hpml.components.trainer.launchers.exits import error_summary
@@ -45,8 +46,7 @@ def render(job: ClusterJob, namespace: str = "default", deadline_s: float | None
     manifest["spec"]["runPolicy"]["backoffLimit"] = job.max_restarts
     if deadline_s is not None:
         manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] = max(1, math.ceil(deadline_s))
-    env = [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}] + [
-        {"name": k, "value": v} for k, v in sorted(job.env.items())]
+    env = [{"name": k, "value": v} for k, v in {**KERAS_ENV, **dict(sorted(job.env.items()))}.items()]
     for role, replicas in job.roles().items():
         if replicas == 0:
             continue

@@ -87,7 +87,6 @@ def watch_peers(config: dict, lost: threading.Event, stop: threading.Event, reac
 
 def main(argv: list[str]) -> int:
     job_uri, strategy, num_workers, num_ps, port, gpus = argv[0], argv[1], *map(int, argv[2:6])
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     from hpml.components import files
     from hpml.components.trainer.launchers.slurm import LOG_DIR
     from hpml.components.trainer.launchers.stopping import LAUNCHER_PID_ENV

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 
+from hpml import KERAS_ENV
 from hpml.components.errors import HpmlError
 from hpml.components.trainer.launchers.cluster_job import ClusterJob
 from hpml.components.trainer.launchers.polling import MAX_OUTAGE_S, poll
@@ -21,8 +22,7 @@ DEFAULT_ACCELERATOR = "NVIDIA_TESLA_T4"
 def render_worker_pool_specs(job: ClusterJob, machine_type: str = DEFAULT_MACHINE,
                              accelerator_type: str = DEFAULT_ACCELERATOR) -> list[dict]:
     """Worker pool specs in Vertex's order; Vertex sets CLUSTER_SPEC and TF_CONFIG in each replica."""
-    env = [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}] + [
-        {"name": k, "value": v} for k, v in sorted(job.env.items())]
+    env = [{"name": k, "value": v} for k, v in {**KERAS_ENV, **dict(sorted(job.env.items()))}.items()]
     container = {"image_uri": job.image, "command": job.command[:3], "args": job.command[3:], "env": env}
 
     def pool(replicas: int, accelerators: int) -> dict:
