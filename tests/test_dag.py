@@ -55,6 +55,32 @@ def test_dag_files_load_without_tensorflow_or_beam(airflow_db):
     assert done.stdout.strip().splitlines()[-1] == "[]", "a DAG file imported " + done.stdout
 
 
+def test_loading_the_plugin_builds_no_app_until_a_request_comes():
+    """Every Airflow process loads plugins; the report app is built by the api-server's first request to it."""
+    probe = ("import asyncio, sys\n"
+             "from hpml.pipelines.airflow.plugin import HpmlPlugin\n"
+             "app = HpmlPlugin.fastapi_apps[0]['app']\n"
+             "print('LAZY', 'hpml.pipelines.airflow.report_app' in sys.modules, app.app)\n"
+             "sent = []\n"
+             "async def receive():\n"
+             "    return {'type': 'http.request', 'body': b'', 'more_body': False}\n"
+             "async def send(message):\n"
+             "    sent.append(message)\n"
+             "scope = {'type': 'http', 'method': 'GET', 'path': '/runs/x/y/', 'raw_path': b'/runs/x/y/',\n"
+             "         'root_path': '', 'query_string': b'', 'headers': [], 'scheme': 'http',\n"
+             "         'server': ('127.0.0.1', 80),\n"
+             "         'client': ('127.0.0.1', 1), 'http_version': '1.1'}\n"
+             "asyncio.run(app(scope, receive, send))\n"
+             "print('BUILT', type(app.app).__name__, sent[0]['status'])\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "LAZY False None" in lines, f"loading the plugin imported or built the app: {done.stdout[-2000:]}"
+    built = next(line.split() for line in lines if line.startswith("BUILT "))
+    assert built[1] == "FastAPI" and built[2] in ("401", "403"), \
+        f"the first request built it, and it answers as the view does without a login: {built}"
+
+
 def test_a_component_loads_its_executor_when_it_runs():
     from hpml.components.errors import SpecError
     from hpml.components.trainer import TRAINER

@@ -8,14 +8,27 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from hpml.pipelines.airflow.report_app import create_app
-
 URL_PREFIX = "/hpml"
+
+
+class ReportApp:
+    """The report app, built on its first request. Every Airflow process loads plugins (scheduler, dag-processor,
+    workers, each task); only the api-server serves this app, so only it pays for building it."""
+
+    def __init__(self):
+        self.app = None
+
+    async def __call__(self, scope, receive, send):
+        if self.app is None:
+            from hpml.pipelines.airflow.report_app import create_app
+
+            self.app = create_app()
+        await self.app(scope, receive, send)
 
 
 class HpmlPlugin(AirflowPlugin):
     name = "hpml"
-    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "hpml"}]
+    fastapi_apps = [{"app": ReportApp(), "url_prefix": URL_PREFIX, "name": "hpml"}]
     external_views = [{
         "name": "Report",
         "href": f"{URL_PREFIX.lstrip('/')}/runs/{{DAG_ID}}/{{RUN_ID}}/",
