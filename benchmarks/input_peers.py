@@ -226,7 +226,7 @@ def child_epochs(shape: str, name: str, folder: str, spec_path: str, examples: i
 
 def child_b3(name: str, folder: str, spec_path: str, examples: int) -> dict:
     """B3's MLP trained from the pipeline: warm input stall (5 epochs after the first)."""
-    from hpml.components.input_pipeline.stall import measure_input_stall
+    from hpml.components.trainer.input_stall import measure_input_stall
 
     files = sorted(glob.glob(os.path.join(folder, "*.gz")))
     dataset = pipeline(name, files, b2._schema(), b2.transform_to_matrix, BATCH, spec_path, examples)
@@ -253,7 +253,7 @@ def child_penguin(name: str, transform_dir: str) -> dict:
     import tensorflow as tf
     import tensorflow_transform as tft
 
-    from hpml.components.input_pipeline.stall import measure_input_stall
+    from hpml.components.trainer.input_stall import measure_input_stall
     from hpml.examples.penguin import module
 
     output = tft.TFTransformOutput(os.path.join(transform_dir, "transform_graph"))

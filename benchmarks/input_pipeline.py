@@ -237,7 +237,7 @@ def b3_model():
 def child_b3(spec_path: str, folder: str, variant: str, examples: int) -> dict:
     """Runs in its own process: a tf_keras MLP trained from the pipeline, and the input stall."""
     from hpml.components.input_pipeline import InputPipelineSpec
-    from hpml.components.input_pipeline.stall import measure_input_stall
+    from hpml.components.trainer.input_stall import measure_input_stall
 
     spec = _variant_spec(InputPipelineSpec.from_json(open(spec_path).read()), variant)
     dataset = _dataset(spec, folder, None, transform_fn=transform_to_matrix)

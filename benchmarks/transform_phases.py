@@ -44,7 +44,7 @@ def _pipeline(examples: str, module: str, phase: str, out: str) -> dict:
     from hpml.components import artifacts, beam_utils, files
     from hpml.components.transform import example_io
     from hpml.components.user_module import load_function
-    from hpml.components.example_gen.schema_inference import read_schema
+    from hpml.components.schema_file import read_schema
 
     schema = read_schema(artifacts.schema_path(os.path.join(examples, "schema")))
     examples = os.path.join(examples, "examples")

@@ -18,7 +18,7 @@ import tempfile
 
 from hpml.components import artifacts, files
 from hpml.components.errors import HpmlError
-from hpml.components.input_pipeline.stall import describe_stall
+from hpml.components.trainer.input_stall import describe_stall
 from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
 from hpml.pipelines import records
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from hpml.components import files
-from hpml.components.input_pipeline.stall import STALL_FILE, describe_stall
+from hpml.components.trainer.input_stall import STALL_FILE, describe_stall
 from hpml.components.trainer.progress_state import (progress_dir, read_json, read_progress, read_restarts,
                                                     working_dir_for)
 from hpml.pipelines import records

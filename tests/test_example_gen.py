@@ -14,7 +14,7 @@ from tensorflow_metadata.proto.v0 import schema_pb2
 from hpml.components import artifacts
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.example_gen import EXAMPLE_GEN
-from hpml.components.example_gen.schema_inference import read_schema, write_schema
+from hpml.components.schema_file import read_schema, write_schema
 from tests.helpers import write_csv
 
 HEADER = "species,island,bill_length_mm,year"
@@ -748,9 +748,10 @@ def test_a_long_run_logs_its_progress_through_the_file(tmp_path, monkeypatch, ca
     """A large CSV ran for minutes with no line in the task log. With lines due at every look at the clock (once a
     chunk of rows), each pass names the file, the rows done and, while writing, how far through the file it is (its
     compressed bytes, when GZIP)."""
+    from hpml.components import progress_log
     from hpml.components.example_gen import csv_chunks, progress
 
-    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(progress_log, "PROGRESS_EVERY_S", 0.0)
     monkeypatch.setattr(csv_chunks, "CHUNK_BYTES", 16 << 10)
     path = write_csv(tmp_path / "penguins.csv", HEADER, _rows(5000))
     if packed:

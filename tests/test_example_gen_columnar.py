@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from hpml.components.example_gen import EXAMPLE_GEN, csv_chunks, example_encoder
 from hpml.components.example_gen.csv_rows import BYTES, INT, NONE, column_kind_of
-from hpml.components.example_gen.schema_inference import read_schema
+from hpml.components.schema_file import read_schema
 
 HEADER = ["id", "amount", "count", "note", "code", "empty", "big"]
 

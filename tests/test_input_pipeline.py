@@ -16,7 +16,7 @@ from hpml.components.errors import InputDataError, SpecError
 from hpml.components.input_pipeline import dataset as dataset_module
 from hpml.components.input_pipeline import Measurements, autotune_spec, build_dataset, naive_spec, stages, tune
 from hpml.components.input_pipeline.shards import explain_read_error
-from hpml.components.input_pipeline.stall import describe_stall, measure_input_stall
+from hpml.components.trainer.input_stall import describe_stall, measure_input_stall
 
 GIB = 1024 ** 3
 SCHEMA = schema_utils.schema_from_feature_spec({

@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from hpml.components.input_pipeline.stall import STALL_FILE
-from hpml.components.input_pipeline.stall_probe import InputStallProbe
+from hpml.components.trainer.input_stall import STALL_FILE
+from hpml.components.trainer.callbacks.input_stall_probe import InputStallProbe
 from hpml.components.trainer.progress_state import progress_dir, read_json
 
 STEPS_PER_EPOCH, EPOCHS = 6, 3
@@ -74,7 +74,7 @@ def test_the_probe_publishes_the_stall_after_the_first_epoch_and_training_ends_a
 
 def test_a_long_epoch_is_timed_on_its_first_steps_and_the_stall_goes_nowhere_live_without_a_working_dir(tmp_path):
     """TFX's Trainer gives run_fn no working dir: the stall still reaches the run's model_run, for the record."""
-    from hpml.components.input_pipeline.stall_probe import WARM_EPOCH_STEPS
+    from hpml.components.trainer.callbacks.input_stall_probe import WARM_EPOCH_STEPS
 
     fn_args = types.SimpleNamespace(model_run_dir=str(tmp_path), working_dir=None)
     probe = InputStallProbe(_training_data(), fn_args, steps_per_epoch=WARM_EPOCH_STEPS + 1, steps=4)

@@ -11,7 +11,7 @@ import tensorflow as tf
 from hpml.components import artifacts
 from hpml.components.beam_utils import make_pipeline, run_pipeline
 from hpml.components.errors import InputDataError
-from hpml.components.example_gen.schema_inference import read_schema
+from hpml.components.schema_file import read_schema
 from hpml.components.transform import example_io
 
 TWO_PROCESSES = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -125,7 +125,7 @@ def test_records_that_do_not_match_the_schema_are_named(penguin_outputs, tmp_pat
 
 
 def test_a_long_read_logs_its_progress(penguin_outputs, caplog, monkeypatch):
-    from hpml.components.example_gen import progress
+    from hpml.components import progress_log as progress
 
     _, schema, shards = _penguin_examples(penguin_outputs)
     monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)

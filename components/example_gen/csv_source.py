@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from hpml.components.example_gen import csv_cells, csv_chunks, example_encoder, shards
 from hpml.components.example_gen.csv_rows import BYTES, FLOAT, INT, NONE, RowRules, checked_rows
-from hpml.components.example_gen.progress import Progress, SkippedRows
+from hpml.components.example_gen.progress import SkippedRows, log
+from hpml.components.progress_log import Progress
 from hpml.components.example_gen.text_encoding import is_utf8, python_codec
 
 _LIST_KIND = {INT: "int64_list", FLOAT: "float_list", BYTES: "bytes_list"}
@@ -130,7 +131,7 @@ class ColumnKinds(beam.DoFn):
         reader = _ChunkReader(settings, skipped=None)
         kinds = {name: NONE for name in settings.header}
         bad_chunks = []
-        progress = Progress(f"{csv_chunks.item_name(item)}: column kinds", "rows")
+        progress = Progress(f"{csv_chunks.item_name(item)}: column kinds", "rows", component="ExampleGen", logger=log)
         rows = 0
         for number, piece in enumerate(item):
             for chunk_number, chunk in enumerate(csv_chunks.read_chunks(piece, settings.encoding)):
@@ -181,7 +182,8 @@ class WriteCsvExamples(beam.DoFn):
         writers = shards.ShardWriters(self._dir, self._splits, index, self._items)
         stats: dict = {"_n": 0}
         share = [0.0]
-        progress = Progress(f"{csv_chunks.item_name(item)}: written", "rows", lambda: share[0])
+        progress = Progress(f"{csv_chunks.item_name(item)}: written", "rows", lambda: share[0], component="ExampleGen",
+                            logger=log)
         with writers:
             for number, piece in enumerate(item):
                 for chunk_number, chunk in enumerate(csv_chunks.read_chunks(piece, self._settings.encoding)):

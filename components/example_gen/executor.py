@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import apache_beam as beam
 
-from hpml.components import artifacts
+from hpml.components import artifacts, schema_file
 from hpml.components import files as file_system
 from hpml.components.beam_utils import counter_value, make_pipeline, run_pipeline
 from hpml.components.errors import InputDataError
@@ -36,10 +36,10 @@ def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: 
             )
     schema = inferred
     if expected_path:
-        schema = schema_inference.read_schema(expected_path)
+        schema = schema_file.read_schema(expected_path)
         schema_inference.check_against(schema, inferred, source)
         schema_inference.add_empty_columns(schema, empty)  # those it does not name; it refused any it names
-    schema_inference.write_schema(schema, artifacts.schema_path(schema_dir))
+    schema_file.write_schema(schema, artifacts.schema_path(schema_dir))
 
 
 def _renamed(header: list[str], renames: Mapping[str, str], path: str) -> list[str]:
@@ -111,8 +111,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 hint="use more data or change the split buckets",
             )
         artifacts.record_shard_sizes(examples_dir)
-    empty_columns = [f.name for f in schema_inference.read_schema(artifacts.schema_path(outputs["schema"])).feature
-                     if schema_inference.is_empty_column(f)]
+    empty_columns = [f.name for f in schema_file.read_schema(artifacts.schema_path(outputs["schema"])).feature
+                     if schema_file.is_empty_column(f)]
     if empty_columns:
         log.warning("ExampleGen: column(s) %s hold no value in any row; the schema names them as DISABLED "
                             "features, which tf.Transform and TFX's readers skip", ", ".join(empty_columns))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from hpml.components import files
 from hpml.components.errors import InputDataError
+from hpml.components.schema_file import EMPTY_COLUMN, is_empty_column
 
 _KINDS = {"int64_list": schema_pb2.INT, "float_list": schema_pb2.FLOAT, "bytes_list": schema_pb2.BYTES}
 _KIND_NAMES = {schema_pb2.INT: "INT", schema_pb2.FLOAT: "FLOAT", schema_pb2.BYTES: "BYTES"}
@@ -105,10 +105,6 @@ def schema_from_stats(stats: dict) -> schema_pb2.Schema:
     return schema
 
 
-# The comment on a feature that `add_empty_columns` disables.
-EMPTY_COLUMN = "no value in any row of the input"
-
-
 def add_empty_columns(schema: schema_pb2.Schema, columns) -> list[str]:
     """Adds each input column that held no value in any row as a DISABLED feature, so the schema still names it
     (TFX's readers and tf.Transform skip DISABLED features) and a later "feature 'sex' is not in the schema"
@@ -119,10 +115,6 @@ def add_empty_columns(schema: schema_pb2.Schema, columns) -> list[str]:
         feature = schema.feature.add(name=name, type=schema_pb2.BYTES, lifecycle_stage=schema_pb2.DISABLED)
         feature.annotation.comment.append(EMPTY_COLUMN)
     return empty
-
-
-def is_empty_column(feature: schema_pb2.Feature) -> bool:
-    return feature.lifecycle_stage == schema_pb2.DISABLED and EMPTY_COLUMN in feature.annotation.comment
 
 
 def check_against(expected: schema_pb2.Schema, inferred: schema_pb2.Schema, source: str) -> None:
@@ -144,23 +136,6 @@ def check_against(expected: schema_pb2.Schema, inferred: schema_pb2.Schema, sour
                 f"{source}: schema field {feature.name!r} is {_KIND_NAMES.get(feature.type)} "
                 f"but the data holds {_KIND_NAMES.get(actual.type)}"
             )
-
-
-def read_schema(path: str) -> schema_pb2.Schema:
-    from google.protobuf import text_format
-
-    if not files.isfile(path):
-        raise InputDataError(f"schema file {path} does not exist")
-    try:
-        return text_format.Parse(files.read_text(path), schema_pb2.Schema())
-    except text_format.ParseError as err:
-        raise InputDataError(f"{path}: not a valid schema.pbtxt ({err})") from None
-
-
-def write_schema(schema: schema_pb2.Schema, path: str) -> None:
-    from google.protobuf import text_format
-
-    files.write_text(path, text_format.MessageToString(schema))
 
 
 class MergedFeatureStats(beam.CombineFn):

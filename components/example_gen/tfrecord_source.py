@@ -20,7 +20,8 @@ from hpml.components.errors import InputDataError, op_error_message
 from hpml.components.example_gen import shards
 from hpml.components.example_gen.csv_chunks import item_name
 from hpml.components.example_gen.inputs import is_gzip, looks_like_tfrecord, open_binary
-from hpml.components.example_gen.progress import Progress, SkippedRows
+from hpml.components.example_gen.progress import SkippedRows, log
+from hpml.components.progress_log import Progress
 from hpml.components.example_gen.schema_inference import FeatureStats
 from hpml.components.zlib_streams import stream_problem
 
@@ -133,7 +134,7 @@ class WriteTFRecordExamples(beam.DoFn):
         index, item = indexed_item
         writers = shards.ShardWriters(self._dir, self._splits, index, self._items)
         stats: dict = {"_n": 0}
-        progress = Progress(f"{item_name(item)}: written", "records")
+        progress = Progress(f"{item_name(item)}: written", "records", component="ExampleGen", logger=log)
         with writers:
             for piece in item:
                 for records, batch, indices in self._batches(piece.path):

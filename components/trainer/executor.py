@@ -16,7 +16,7 @@ from hpml.components.trainer.callbacks import close_terminal_progress, read_metr
 from hpml.components.trainer.distill import mode as distill_mode
 from hpml.components.input_pipeline import read_spec
 from hpml.components.input_pipeline.shards import explain_read_error
-from hpml.components.input_pipeline.stall import STALL_FILE
+from hpml.components.trainer.input_stall import STALL_FILE
 from hpml.components.trainer.fn_args import FnArgs, for_epochs, input_pipeline_data_accessor, tfxio_data_accessor
 from hpml.components.trainer.launchers import remote
 from hpml.components.trainer.launchers.cluster_job import REMOTE_LAUNCHERS

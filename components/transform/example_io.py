@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from hpml.components import artifacts, files, tfrecords
 from hpml.components.errors import InputDataError, op_error_message
-from hpml.components.example_gen.progress import Progress
+from hpml.components.progress_log import Progress
 
 log = logging.getLogger(__name__)
 

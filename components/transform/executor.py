@@ -19,7 +19,7 @@ from tensorflow_metadata.proto.v0 import schema_pb2
 from hpml.components import artifacts, beam_utils, files
 from hpml.components.beam_utils import make_pipeline, run_pipeline, ship_by_value
 from hpml.components.errors import InputDataError, SpecError
-from hpml.components.example_gen.schema_inference import is_empty_column, read_schema
+from hpml.components.schema_file import is_empty_column, read_schema
 from hpml.components.transform import example_io, tuning
 from hpml.components.user_module import failing_line, load_function
 

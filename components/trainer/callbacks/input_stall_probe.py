@@ -5,7 +5,7 @@ import logging
 
 import tf_keras
 
-from hpml.components.input_pipeline.stall import WARMUP_STEPS, record_input_stall
+from hpml.components.trainer.input_stall import WARMUP_STEPS, record_input_stall
 
 log = logging.getLogger("hpml.trainer")
 
