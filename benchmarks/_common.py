@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: medians of repeated runs, result files, peak RSS."""
+"""Helpers shared by the benchmark scripts: medians of repeated runs, result files, peak RSS, phase timing."""
 from __future__ import annotations
 
 import json
@@ -42,3 +42,34 @@ def write_results(name: str, data: dict, table: str) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, sort_keys=True))
     (RESULTS / f"{name}.md").write_text(table)
     print(table)
+
+
+class PhaseTimer:
+    """Seconds spent inside named functions, summed over their calls: `timer.wrap(name, function)` returns the
+    function timed into `timer.spent[name]`."""
+
+    def __init__(self):
+        self.spent: dict[str, float] = {}
+
+    def wrap(self, name: str, function):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - started
+        return timed
+
+
+def time_transform_phases(plot: bool = False) -> PhaseTimer:
+    """From now on in this process, hpml's Transform times its Beam pipeline ("beam") and its input-pipeline tuning
+    ("tuning"), and with `plot` the stage plot drawn while tuning ("plot"); the rest of a run builds the graph."""
+    from hpml.components.input_pipeline import stages
+    from hpml.components.transform import executor, tuning
+
+    timer = PhaseTimer()
+    executor.run_pipeline = timer.wrap("beam", executor.run_pipeline)
+    executor.tuning.write_input_pipeline = timer.wrap("tuning", tuning.write_input_pipeline)
+    if plot:
+        stages.plot_stages = timer.wrap("plot", stages.plot_stages)
+    return timer

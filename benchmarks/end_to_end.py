@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks._common import machine, median, write_results  # noqa: E402
+from benchmarks._common import machine, median, time_transform_phases, write_results  # noqa: E402
 from hpml.components.trainer.step_tuning import TUNED_STEP_FILE, StepChoice  # noqa: E402
 
 TFX_PYTHON = os.path.join(REPO, ".venv-tfx", "bin", "python")
@@ -70,24 +70,9 @@ def _transform_phases(csv: str, work: str, repeats: int) -> dict:
     """Where hpml's Transform spends its time on 344 rows, median of `repeats` in this process: building the
     tf.Transform graph (tracing preprocessing_fn), running the Beam pipeline, and tuning the input pipeline (of
     which drawing the stage-breakdown plot)."""
-    from hpml.components.input_pipeline import stages
-    from hpml.components.transform import executor, tuning
     from hpml.v1 import EXAMPLE_GEN, TRANSFORM
 
-    spent: dict[str, float] = {}
-
-    def timed(name, function):
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
-        return wrapper
-
-    executor.run_pipeline = timed("beam", executor.run_pipeline)
-    executor.tuning.write_input_pipeline = timed("tuning", tuning.write_input_pipeline)
-    stages.plot_stages = timed("plot", stages.plot_stages)
+    spent = time_transform_phases(plot=True).spent
     folder = tempfile.mkdtemp(dir=work)
     uri = {name: os.path.join(folder, name) for name in ("examples", "schema")}
     EXAMPLE_GEN.run({}, uri, {"input_path": csv})

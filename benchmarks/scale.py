@@ -31,7 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import RESULTS, machine, median, peak_rss_mib, write_results  # noqa: E402
+from _common import RESULTS, machine, median, peak_rss_mib, time_transform_phases, write_results  # noqa: E402
 
 TFX_PYTHON = os.path.join(REPO, ".venv-tfx", "bin", "python")
 _CHILD = "--child"
@@ -68,22 +68,9 @@ def _examplegen(csv: str, out: str, beam_args: list[str]) -> None:
 
 def _transform(examples_out: str, module: str, out: str) -> dict:
     """Transform on ExampleGen's output; seconds in building the graph, the Beam pipeline and tuning."""
-    from hpml.components.transform import executor, tuning
     from hpml.v1 import TRANSFORM
 
-    spent: dict[str, float] = {}
-
-    def timed(name, function):
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
-        return wrapper
-
-    executor.run_pipeline = timed("beam", executor.run_pipeline)
-    executor.tuning.write_input_pipeline = timed("tuning", tuning.write_input_pipeline)
+    spent = time_transform_phases().spent
     started = time.perf_counter()
     TRANSFORM.run({name: os.path.join(examples_out, name) for name in ("examples", "schema")},
                   {name: os.path.join(out, name) for name in ("transform_graph", "transformed_examples",
@@ -205,8 +192,11 @@ def main() -> None:
     args = parser.parse_args()
     from scale_data import write_csv
 
-    if not os.path.exists(TFX_PYTHON):
-        sys.exit("benchmarks/scale.py needs .venv-tfx for TFX 1.16: run `make test-tfx` once")
+    if "tfx" in args.variants and min(args.rows) <= args.tfx_max_rows and not os.path.exists(TFX_PYTHON):
+        sys.exit("the tfx variant needs .venv-tfx for TFX 1.16: run `make test-tfx` once, or leave tfx out of "
+                 "--variants")
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
     workdir = args.workdir or tempfile.mkdtemp(prefix="hpml-scale-")
     results = {"machine": machine(), "note": args.note, "sizes": {}}
     if args.add and (RESULTS / "scale.json").exists():
@@ -244,6 +234,8 @@ def _default_examplegen(size: dict) -> str:
 def _chain(size: dict, kind: str) -> float | None:
     """Seconds of ingestion and preprocessing: hpml's ExampleGen + Transform, or TFX's four components."""
     if kind == "hpml":
+        if _default_examplegen(size) not in size or "transform" not in size:
+            return None
         return size[_default_examplegen(size)]["seconds"] + size["transform"]["seconds"]
     return size["tfx"]["seconds"] if "tfx" in size else None
 
@@ -253,15 +245,15 @@ def _targets(data: dict) -> list[str]:
     sizes = {int(rows): size for rows, size in data["sizes"].items()}
     lines = ["", "## Targets", ""]
     rates = {rows: rows / size[_default_examplegen(size)]["seconds"] for rows, size in sizes.items()
-             if rows >= 1_000_000}
-    lines.append("- ExampleGen at least 100k rows/s, as it runs by default: " + "; ".join(
+             if rows >= 1_000_000 and _default_examplegen(size) in size}
+    lines += [] if not rates else ["- ExampleGen at least 100k rows/s, as it runs by default: " + "; ".join(
         f"{rows:,} rows {rate:,.0f} ({'met' if rate >= 100_000 else f'missed by {1 - rate / 100_000:.0%}'})"
         for rows, rate in rates.items()) + ". Below 512 MB of CSV (about 3M rows) it runs in one process, where "
-        "starting the two workers costs more than it saves.")
+        "starting the two workers costs more than it saves."]
     ratios = {rows: _chain(size, "tfx") / _chain(size, "hpml") for rows, size in sizes.items()
-              if rows >= 1_000_000 and "tfx" in size}
-    lines.append("- ExampleGen + Transform at least 3x faster than TFX's chain: " + "; ".join(
-        f"{rows:,} rows {ratio:.1f}x ({'met' if ratio >= 3 else 'missed'})" for rows, ratio in ratios.items()) + ".")
+              if rows >= 1_000_000 and "tfx" in size and _chain(size, "hpml")}
+    lines += [] if not ratios else ["- ExampleGen + Transform at least 3x faster than TFX's chain: " + "; ".join(
+        f"{rows:,} rows {ratio:.1f}x ({'met' if ratio >= 3 else 'missed'})" for rows, ratio in ratios.items()) + "."]
     if 1_000_000 in sizes and 10_000_000 in sizes:
         small, large = sizes[1_000_000], sizes[10_000_000]
         growth = {kind: large[kind]["peak_rss_mib"] / small[kind]["peak_rss_mib"]
@@ -296,10 +288,12 @@ def render(data: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for rows, size in data["sizes"].items():
         hpml, tfx = _chain(size, "hpml"), _chain(size, "tfx")
+        if hpml is None:  # ExampleGen or Transform not run at this size
+            continue
         lines.append(
             f"| {int(rows):,} | {size['csv_bytes'] / 1e6:.0f} | {size['repeats']} | {hpml:.1f} | "
             f"{int(rows) / hpml:,.0f} | {_cell(tfx, '.1f')} | {_ratio(tfx, hpml)} | "
-            f"{size['examplegen']['peak_rss_mib']:.0f}, {size['transform']['peak_rss_mib']:.0f} | "
+            f"{size.get('examplegen', {}).get('peak_rss_mib', 0):.0f}, {size['transform']['peak_rss_mib']:.0f} | "
             f"{_cell(size.get('tfx', {}).get('peak_rss_mib'), '.0f')} |")
     lines += _targets(data)
     lines += ["", "## Per component", "",
@@ -335,7 +329,7 @@ def _ratio(a, b) -> str:
 
 def _detail(kind: str, size: dict) -> str:
     stats = size[kind]
-    if kind in ("examplegen", "examplegen-2proc"):
+    if kind in ("examplegen", "examplegen-2proc") and "limit" in size:
         return f"{stats['seconds'] / size['limit']['seconds']:.2f}x the one-core limit"
     if kind == "transform":
         return f"graph {stats['graph_s']:.1f} s, Beam {stats['beam_s']:.1f} s, tuning {stats['tuning_s']:.1f} s"
@@ -359,16 +353,16 @@ def plot(data: dict, path) -> None:
     rows = [int(r) for r in data["sizes"]]
     sizes = list(data["sizes"].values())
     figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = {"hpml ExampleGen": [s["examplegen"]["seconds"] for s in sizes],
-              "hpml Transform": [s["transform"]["seconds"] for s in sizes],
+    series = {"hpml ExampleGen": [s.get("examplegen", {}).get("seconds") for s in sizes],
+              "hpml Transform": [s.get("transform", {}).get("seconds") for s in sizes],
               "hpml ExampleGen + Transform": [_chain(s, "hpml") for s in sizes],
               "TFX 1.16 chain": [_chain(s, "tfx") for s in sizes]}
     for label, values in series.items():
         points = [(r, v) for r, v in zip(rows, values) if v is not None]
         if points:
             time_axis.plot(*zip(*points), marker="o", label=label)
-    memory = {"hpml ExampleGen": [s["examplegen"]["peak_rss_mib"] for s in sizes],
-              "hpml Transform": [s["transform"]["peak_rss_mib"] for s in sizes],
+    memory = {"hpml ExampleGen": [s.get("examplegen", {}).get("peak_rss_mib") for s in sizes],
+              "hpml Transform": [s.get("transform", {}).get("peak_rss_mib") for s in sizes],
               "TFX 1.16 chain": [s.get("tfx", {}).get("peak_rss_mib") for s in sizes]}
     for label, values in memory.items():
         points = [(r, v) for r, v in zip(rows, values) if v is not None]
