@@ -146,6 +146,33 @@ def test_the_penguin_example_module_is_what_hpml_init_writes_for_penguins_csv():
     assert (REPO / "examples" / "penguin" / "module.py").read_text(encoding="utf-8") == expected
 
 
+def test_the_penguin_example_pipeline_is_the_one_hpml_init_writes_for_penguins_csv(tmp_path):
+    """The bundled pipeline differs from the template only in where its module and data come from (a package, not
+    files beside it) and its wording: the same nodes, wired alike, given the same parameters for the same run."""
+    from hpml.examples.penguin import pipeline as penguin
+    from hpml.pipelines import discovery
+
+    profile = scaffold.profile_csv(penguin.penguins_csv(), "species")
+    profile = dataclasses.replace(profile, numeric=tuple(n for n in profile.numeric if n != "year"))
+    (tmp_path / "penguin").mkdir()
+    (tmp_path / "penguin" / "pipeline.py").write_text(scaffold.render_pipeline(profile, "penguin"))
+    written = discovery.load(str(tmp_path / "penguin" / "pipeline.py") + ":PIPELINE")
+    bundled = penguin.PIPELINE
+    assert [(n.id, n.component.name, dict(n.inputs)) for n in written.nodes] == \
+        [(n.id, n.component.name, dict(n.inputs)) for n in bundled.nodes]
+    assert written.params_schema == bundled.params_schema and written.param_checks == bundled.param_checks
+    run = bundled.validate({"epochs": 3, "strategy": "one_device", "steps_per_execution": 4})
+    same_module = {str(tmp_path / "penguin" / "module.py"): penguin.MODULE}
+    for mine, theirs in zip(written.nodes, bundled.nodes):
+        params = {key: same_module.get(value, value) if isinstance(value, str) else value
+                  for key, value in mine.params(run).items()}
+        if "required_features" in params:  # the same columns, listed in another order
+            params["required_features"] = sorted(params["required_features"])
+            assert sorted(theirs.params(run)["required_features"]) == params["required_features"]
+            params["required_features"] = theirs.params(run)["required_features"]
+        assert params == dict(theirs.params(run)), mine.id
+
+
 def test_hpml_init_then_hpml_run_trains_a_classifier_that_serves(tmp_path):
     """A user's flow, by the command line: init in a folder, run from it, serve raw tf.Examples."""
     import tensorflow as tf

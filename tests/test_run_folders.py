@@ -95,7 +95,7 @@ def test_a_run_id_of_dots_gets_a_folder_of_its_own(tmp_path, monkeypatch, pengui
 
 
 def test_the_view_fills_its_template_in_one_pass():
-    from hpml.pipelines.airflow.report_app import fill
+    from hpml.pipelines.templates import fill
 
     page = "<title>@TITLE@</title><h1>@TITLE@</h1>@BODY@<script nonce=\"@NONCE@\">"
     out = fill(page, {"TITLE": "run @BODY@&lt;b&gt;", "BODY": "<p>no record</p>", "NONCE": "n1"})

@@ -14,7 +14,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import re
 import secrets
 from importlib import resources
 
@@ -24,6 +23,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from hpml.components import files
 from hpml.pipelines import run_status
 from hpml.pipelines.report import report_dir
+from hpml.pipelines.templates import fill
+
+VIEW_TEMPLATE = "report_view.html"  # in hpml.pipelines.templates
 
 _TYPES = {".html": "text/html; charset=utf-8", ".png": "image/png", ".json": "application/json",
           ".svg": "image/svg+xml", ".txt": "text/plain; charset=utf-8"}
@@ -39,12 +41,6 @@ def _view_policy(nonce: str) -> str:
     """The view page's own policy: its one inline script (by nonce), status.json and the report's frame."""
     return (f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src 'self' data:; "
             "connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
-
-
-def fill(template: str, values: dict[str, str]) -> str:
-    """The template with each `@NAME@` replaced in one pass: a value is never searched for placeholders, so
-    user text in one (a run id) cannot pull another's content into it."""
-    return re.sub(r"@([A-Z]+)@", lambda match: values.get(match.group(1), match.group(0)), template)
 
 
 def _user_who_may_read_runs(request: Request, dag_id: str):
@@ -102,7 +98,7 @@ def report_file(directory: str, path: str) -> str:
 def create_app() -> FastAPI:
     app = FastAPI(title="hpml", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(_authenticated)])
-    page = resources.files("hpml.pipelines.airflow").joinpath("report_view.html").read_text(encoding="utf-8")
+    page = resources.files("hpml.pipelines.templates").joinpath(VIEW_TEMPLATE).read_text(encoding="utf-8")
 
     @app.get("/runs/{dag_id}/{run_id}", include_in_schema=False)
     def without_slash(request: Request, dag_id: str, run_id: str, _=Depends(_user_who_may_read_runs)):
