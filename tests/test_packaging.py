@@ -39,7 +39,7 @@ def test_the_wheel_puts_only_hpml_at_the_top_of_site_packages(wheel):
     for module in ("hpml/v1/__init__.py", "hpml/components/spec.py", "hpml/pipelines/cli.py",
                    "hpml/examples/penguin/module.py", "hpml/components/trainer/launchers/tfjob.yaml",
                    "hpml/pipelines/templates/pipeline.py.tmpl", "hpml/pipelines/templates/module.py.tmpl",
-                   "hpml/pipelines/templates/report_view.html"):
+                   "hpml/pipelines/templates/report_view.html", "hpml/pipelines/templates/report.html"):
         assert module in names, module
     assert not any(name.startswith("hpml/tests/") or "/benchmarks/" in name for name in names)
     assert "[hpml.pipelines]\ndistillation = hpml.examples.distillation.pipeline:PIPELINE\n" \

@@ -81,12 +81,12 @@ def test_epoch_axes_have_whole_number_ticks(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from hpml.pipelines import report as report_mod
+    from hpml.pipelines.report import plots
 
-    plt = report_mod._plt()
+    plt = plots._plt()
     fig, ax = plt.subplots()
     ax.plot([0, 1, 2], [1.0, 0.5, 0.2])
-    report_mod._epoch_axis(ax)
+    plots._epoch_axis(ax)
     fig.canvas.draw()
     ticks = [t for t in ax.get_xticks() if 0 <= t <= 2]
     plt.close(fig)
