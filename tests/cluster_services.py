@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from tests.cluster import HOST_DIR, Cluster, Host
-from tests.object_store import _self_signed
+from tests.object_store import _self_signed, hard_deletes
 
 EMULATOR_PORT, FRONT_PORT = 9023, 9443
 # Below the kernel's ephemeral range (32768-60999), where a client's port (srun's, say) could already hold them.
@@ -39,6 +39,7 @@ class ClusterStore:
                                str(EMULATOR_PORT), "--in-memory", "--default-bucket", self.bucket],
                               log=host.dir / "emulator.log")
         host.wait_for_port(EMULATOR_PORT, process=emulator)
+        hard_deletes(f"http://{host.address}:{EMULATOR_PORT}", self.bucket)
         code = ("import sys; from tests.object_store import _serve_front; "
                 "_serve_front('', int(sys.argv[1]), sys.argv[2], sys.argv[3], '0.0.0.0', int(sys.argv[4]))")
         front = host.popen([sys.executable, "-c", code, str(EMULATOR_PORT), f"{HOST_DIR}/etc/store/front.pem",

@@ -47,6 +47,20 @@ def test_publishing_writes_in_place_and_the_manifest_last(gcs, tmp_path):
                       artifacts.PUBLISHED_FILE: stored[artifacts.PUBLISHED_FILE]}
 
 
+def test_the_test_store_keeps_nothing_it_deleted(gcs, tmp_path):
+    """The emulator rewrites its metadata, soft-deleted objects included, on every write: a store that kept what
+    the tests delete would grow slower test after test."""
+    import urllib.request
+
+    uri = f"{gcs.root}/{tmp_path.name}/deleted"
+    files.write_text(f"{uri}/a.txt", "x" * 1000)
+    files.rmtree(uri)
+    assert not files.exists(f"{uri}/a.txt")
+    listing = f"http://127.0.0.1:{gcs.port}/storage/v1/b/{gcs.bucket}/o?softDeleted=true&prefix={tmp_path.name}"
+    with urllib.request.urlopen(listing, timeout=10) as answer:
+        assert json.loads(answer.read()).get("items", []) == []
+
+
 def test_a_retried_writer_replaces_the_earlier_attempt_whole(gcs, tmp_path):
     uri = f"{gcs.root}/{tmp_path.name}/out"
     with artifacts.publish(uri) as out:
