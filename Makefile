@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 # `make run` keeps its state (artifacts, run records, the local Airflow) in the checkout, not in ~/.local/share.
 export HPML_HOME ?= $(CURDIR)/.hpml
 
-.PHONY: env browser postgres hosts-deps cluster cluster-down run test test-tfx tfx-requirements bench bench-input bench-e2e bench-scale bench-step clean
+.PHONY: env browser postgres hosts-deps cluster cluster-down run test test-tfx tfx-requirements bench bench-input bench-e2e bench-scale bench-step bench-hosts clean
 
 # uv itself comes from PyPI: into a private venv, or with pip --target where venv is missing.
 $(UV):
@@ -46,12 +46,14 @@ postgres:
 	@test -n "$(POSTGRES)" || { echo "installing Debian's postgresql for the deployment test"; \
 	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
 
-# The multi-host tests run Debian's Slurm (controller, nodes, munge) on test hosts (network namespaces); install it
-# when missing.
+# The multi-host tests run Debian's Slurm (controller, nodes, munge) and Redis (Celery's broker) on test hosts
+# (network namespaces); install them when missing.
 hosts-deps:
-	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null || { \
-	  echo "installing Debian's slurm-wlm and munge for the multi-host tests"; \
-	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge; }
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
+	  && command -v redis-server >/dev/null || { \
+	  echo "installing Debian's slurm-wlm, munge and redis-server for the multi-host tests"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge \
+	    redis-server; }
 
 # Test hosts to look at by hand: control, storage, worker1 and worker2 as network namespaces on a bridge (root).
 # Ctrl-C removes them; `make cluster-down` removes ones a killed session left behind.
@@ -121,6 +123,11 @@ bench-scale: env
 	@$(MAKE) --no-print-directory $(TFX_VENV)/.synced
 	$(VENV)/bin/python benchmarks/scale.py
 	$(VENV)/bin/python benchmarks/transform_phases.py
+
+# One host against the test cluster (network namespaces: root): the pipeline with its artifacts on another host's
+# store, and with its work on other hosts' Beam pools and Slurm (about an hour on 2 cores).
+bench-hosts: env hosts-deps
+	$(VENV)/bin/python benchmarks/hosts.py
 
 # The tuned training step against Keras's defaults, Keras's "auto" and an exhaustive grid (about 25 minutes on 2 cores).
 bench-step: env
