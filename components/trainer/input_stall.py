@@ -26,16 +26,17 @@ def _timed_block(train_step, iterator, steps: int) -> float:
 @contextlib.contextmanager
 def _one_step_per_call(model):
     """A tuned model runs several steps per call; the stall is per step, so its calls run one while it is timed."""
-    variable = getattr(model, "_steps_per_execution", None)
-    if variable is None:
+    from hpml.components.trainer import keras_internals
+
+    before = keras_internals.steps_per_execution(model)
+    if before is None:
         yield
         return
-    before = int(variable.numpy())
-    variable.assign(1)
+    keras_internals.set_steps_per_execution(model, 1)
     try:
         yield
     finally:
-        variable.assign(before)
+        keras_internals.set_steps_per_execution(model, before)
 
 
 def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmup: int = WARMUP_STEPS,

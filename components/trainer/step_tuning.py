@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from hpml.components import files
+from hpml.components.trainer import keras_internals
 
 log = logging.getLogger("hpml.trainer")
 
@@ -165,7 +166,7 @@ def cache_key(model, batch_size: int, device: Device, extra: str = "") -> str:
 def _warm(model, iterator, steps: int) -> float:
     """Seconds of one untimed call at `steps` per call: the first after a new train function traces (and, under
     XLA, compiles) it."""
-    model._steps_per_execution.assign(steps)
+    keras_internals.set_steps_per_execution(model, steps)
     started = time.perf_counter()
     model.train_function(iterator)["loss"].numpy()
     return time.perf_counter() - started
@@ -173,7 +174,7 @@ def _warm(model, iterator, steps: int) -> float:
 
 def _rate(model, iterator, batch_size: int, steps: int) -> float:
     """Examples per second of a burst of calls at `steps` per call, lasting at least BURST_S."""
-    model._steps_per_execution.assign(steps)
+    keras_internals.set_steps_per_execution(model, steps)
     calls, started = 0, time.perf_counter()
     while True:
         outputs = model.train_function(iterator)
@@ -206,7 +207,7 @@ def _loss_on(model, batches) -> float:
 def _dense_kernel_shapes(model) -> list[tuple[int, int]]:
     import tf_keras
 
-    return [tuple(layer.kernel.shape) for layer in model._flatten_layers(include_self=False)
+    return [tuple(layer.kernel.shape) for layer in keras_internals.sublayers(model, include_self=False)
             if isinstance(layer, tf_keras.layers.Dense) and len(layer.kernel.shape) == 2]
 
 
@@ -300,10 +301,8 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     precision_check = (dataset.take(4).cache(), model.get_weights())  # a mixed policy starts from these weights
     reference = None  # float32's loss on those batches at those weights, taken when a policy is first measured
     iterator = iter(model.distribute_strategy.experimental_distribute_dataset(dataset))
-    model._steps_per_execution.assign(max(max_steps_per_execution, 2))
-    model.make_train_function(force=True)  # the looping train function, which fit reuses
-    model._hpml_looping = True
-    looping = None if model.jit_compile else (model.train_function, model.train_tf_function)  # without XLA
+    keras_internals.build_looping_train_function(model, max_steps_per_execution)  # which fit reuses
+    looping = None if model.jit_compile else keras_internals.train_functions(model)  # without XLA
 
     # 1. steps_per_execution: cheap, measured on the compiled model.
     if "steps_per_execution" in pinned:
@@ -400,10 +399,9 @@ def _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device, m
     if any(key[0] and key[1] == FLOAT32 for key in results):  # XLA was switched on to measure it: switch it off
         model.jit_compile = False
         if looping is not None:  # the function traced without XLA, which fit can reuse
-            model.train_function, model.train_tf_function = looping
+            keras_internals.set_train_functions(model, looping)
         else:
-            model._steps_per_execution.assign(max(spe, 2))
-            model.make_train_function(force=True)
+            keras_internals.build_looping_train_function(model, spe)
             trace_s = 0.0
     trained = measured_models.get((jit, precision))
     # The trace training reuses: float32's without XLA, or the kept policy model's; float32 under XLA traces anew.
@@ -509,8 +507,7 @@ def _measure_on(model, iterator, batch_size: int, spe: int, jit: bool, against=N
     times the ratio of their best bursts: a comparison this machine's noise cannot tilt by striking one of them
     alone."""
     model.jit_compile = jit
-    model._steps_per_execution.assign(max(spe, 2))
-    model.make_train_function(force=True)
+    keras_internals.build_looping_train_function(model, spe)
     trace_s = _warm(model, iterator, spe)
     if against is None:
         return max(_rate(model, iterator, batch_size, spe) for _ in range(2)), trace_s
@@ -548,7 +545,7 @@ def _measure_policy(precision_check, reference: float, iterator, rebuild, policy
     with restored_afterwards(candidate):
         difference = abs(_loss_on(candidate, batches) - reference) / max(abs(reference), 1e-6)
         rate, trace_s = _measure_on(candidate, iterator, batch_size, spe, jit, against)
-    candidate._hpml_looping = True
+    keras_internals.mark_looping(candidate)
     return rate, difference, candidate, trace_s
 
 
@@ -625,13 +622,10 @@ def apply_choice(model, choice: StepChoice, rebuild=None, trained=None):
         weights = model.get_weights()
         model = trained if trained is not None else _build_under(choice.precision, rebuild)
         model.set_weights(weights)
-    looping = getattr(model, "_hpml_looping", False) and model.train_function is not None
-    if not looping or bool(model.jit_compile) != choice.jit_compile:
+    if not keras_internals.has_looping_train_function(model) or bool(model.jit_compile) != choice.jit_compile:
         model.jit_compile = choice.jit_compile
-        model._steps_per_execution.assign(max(choice.steps_per_execution, 2))  # the looping train function
-        model.make_train_function(force=True)
-        model._hpml_looping = True
-    model._steps_per_execution.assign(choice.steps_per_execution)
+        keras_internals.build_looping_train_function(model, choice.steps_per_execution)
+    keras_internals.set_steps_per_execution(model, choice.steps_per_execution)
     return model
 
 

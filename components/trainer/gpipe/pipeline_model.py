@@ -45,7 +45,9 @@ def micro_step_scope(stage: int, kind: str, micro: int) -> str:
 
 
 def _sublayers(layers):
-    return [sub for layer in layers for sub in layer._flatten_layers()]  # tf_keras's own walk, self included
+    from hpml.components.trainer import keras_internals
+
+    return [sub for layer in layers for sub in keras_internals.sublayers(layer)]  # self included
 
 
 def weight_penalties(layers) -> list:

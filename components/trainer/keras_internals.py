@@ -1,0 +1,57 @@
+"""Every use of a private tf_keras attribute, in one place.
+
+The tuned step and the input-stall probe change how many steps a compiled train function runs per call, swap
+train functions, and walk nested layers; tf_keras has no public API for these. A tf_keras upgrade that renames one
+breaks here, and tests/test_keras_internals.py names which (PRIVATE_ATTRIBUTES).
+"""
+from __future__ import annotations
+
+# attribute -> where tf_keras defines it: checked by the tests on a compiled model of the pinned tf_keras
+PRIVATE_ATTRIBUTES = {
+    "_steps_per_execution": "Model.compile: the tf.Variable a looping train function reads each call",
+    "_flatten_layers": "Layer: the walk over a layer's nested layers",
+    "train_tf_function": "Model.make_train_function: the tf.function behind train_function",
+}
+_LOOPING = "_hpml_looping"  # hpml's own mark: the train function was built to loop over several steps per call
+
+
+def steps_per_execution(model) -> int | None:
+    """How many steps the model's train function runs per call; None before it is compiled."""
+    variable = getattr(model, "_steps_per_execution", None)
+    return None if variable is None else int(variable.numpy())
+
+
+def set_steps_per_execution(model, steps: int) -> None:
+    """Steps per call of the already built train function: read at each call, so no new trace is needed as long as
+    the function was built looping (steps > 1 when it was made)."""
+    model._steps_per_execution.assign(steps)
+
+
+def build_looping_train_function(model, steps: int) -> None:
+    """A new train function that loops over up to `steps` per call (at least 2, so that it is built looping), and
+    marks the model as having one."""
+    set_steps_per_execution(model, max(steps, 2))
+    model.make_train_function(force=True)
+    setattr(model, _LOOPING, True)
+
+
+def mark_looping(model) -> None:
+    setattr(model, _LOOPING, True)
+
+
+def has_looping_train_function(model) -> bool:
+    return bool(getattr(model, _LOOPING, False)) and model.train_function is not None
+
+
+def train_functions(model) -> tuple:
+    """The model's train function and the tf.function behind it, to put back later with `set_train_functions`."""
+    return model.train_function, model.train_tf_function
+
+
+def set_train_functions(model, functions: tuple) -> None:
+    model.train_function, model.train_tf_function = functions
+
+
+def sublayers(layer, include_self: bool = True) -> list:
+    """The layer and every layer nested in it, depth first, as tf_keras walks them."""
+    return list(layer._flatten_layers(include_self=include_self))

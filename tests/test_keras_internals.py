@@ -1,0 +1,63 @@
+"""The private tf_keras attributes hpml relies on (components/trainer/keras_internals.py) still exist in the pinned
+tf_keras and still do what hpml uses them for. A tf_keras upgrade that renames or changes one fails here, by name."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from hpml.components.trainer import keras_internals
+
+
+def _compiled():
+    tf_keras.utils.set_random_seed(0)
+    inner = tf_keras.Sequential([tf_keras.layers.Dense(4, activation="relu", name="inner_dense")], name="block")
+    inputs = tf_keras.Input((3,))
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(1, name="head")(inner(inputs)))
+    model.compile(tf_keras.optimizers.SGD(0.01), "mse")
+    return model
+
+
+def _iterator(model):
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4).repeat()
+    return iter(model.distribute_strategy.experimental_distribute_dataset(dataset))
+
+
+@pytest.mark.parametrize("name", sorted(keras_internals.PRIVATE_ATTRIBUTES))
+def test_each_private_attribute_exists_on_a_compiled_model(name):
+    model = _compiled()
+    model.make_train_function(force=True)
+    assert hasattr(model, name), f"tf_keras no longer has {name}: {keras_internals.PRIVATE_ATTRIBUTES[name]}"
+
+
+def test_steps_per_call_change_without_a_new_train_function():
+    """The looping train function reads its steps per call at each call: one trace serves every value."""
+    model = _compiled()
+    assert keras_internals.steps_per_execution(model) == 1
+    keras_internals.build_looping_train_function(model, 8)
+    assert keras_internals.has_looping_train_function(model)
+    function, iterator = model.train_function, _iterator(model)
+    for steps in (1, 3, 8):
+        keras_internals.set_steps_per_execution(model, steps)
+        before = int(model.optimizer.iterations.numpy())
+        model.train_function(iterator)
+        assert int(model.optimizer.iterations.numpy()) - before == steps
+        assert keras_internals.steps_per_execution(model) == steps
+    assert model.train_function is function, "no train function was made again"
+
+
+def test_train_functions_can_be_put_back():
+    model = _compiled()
+    keras_internals.build_looping_train_function(model, 4)
+    kept = keras_internals.train_functions(model)
+    model.make_train_function(force=True)
+    assert model.train_function is not kept[0]
+    keras_internals.set_train_functions(model, kept)
+    assert keras_internals.train_functions(model) == kept
+
+
+def test_sublayers_walk_into_nested_models():
+    model = _compiled()
+    names = [layer.name for layer in keras_internals.sublayers(model, include_self=False)]
+    assert "inner_dense" in names and "head" in names and "block" in names
+    assert keras_internals.sublayers(model)[0] is model
