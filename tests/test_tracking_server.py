@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import urllib.parse
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -121,3 +122,5 @@ def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(po
         assert "Trainer/model/Format-Serving/saved_model.pb" in stored
     assert not (home / "artifacts").exists() and not (home / "mlartifacts").exists(), \
         "no artifact was left on the worker's disk"
+    # The tasks ran in this folder: a gs:// URL taken for a local path (os.makedirs) would leave gs:/bucket/... here.
+    assert not (Path.cwd() / "gs:" / gcs.bucket / tmp_path.name).exists(), "a URL was made into a local folder"

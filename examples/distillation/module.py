@@ -121,7 +121,7 @@ def run_fn(fn_args):
                               metrics=["accuracy"])
         return model
 
-    os.makedirs(fn_args.model_run_dir, exist_ok=True)
+    tf.io.gfile.makedirs(fn_args.model_run_dir)  # local or on an object store
     # steps_per_execution, XLA and precision, measured for this model on this machine (or pinned in hp), on a twin
     # of the training data: reading `train` itself would move its shuffle order on
     model = tune_training_step(build(), training_data(), fn_args, hp, strategy_name=strategy_name,

@@ -219,7 +219,7 @@ def run_fn(fn_args):
             model(next(iter(evaluation))[0])  # create each stage's variables on its device, outside fit
         else:
             model = build_model(tf_transform_output, hp["learning_rate"], accumulation, stats)
-    os.makedirs(fn_args.model_run_dir, exist_ok=True)
+    tf.io.gfile.makedirs(fn_args.model_run_dir)  # local or on an object store
     # Steps per epoch must be known for BackupAndRestore to resume mid-epoch and for the PS
     # coordinator; the training data then repeats and the steps mark the epoch boundaries.
     steps, examples = fn_args.train_steps, None
