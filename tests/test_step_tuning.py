@@ -55,7 +55,8 @@ def test_steps_per_execution_is_read_from_a_fit_of_all_bursts_not_from_the_lucki
 def test_a_choice_is_never_a_value_its_own_bursts_show_clearly_slower_and_the_reason_says_so():
     """A 1M-row run's sweep: one slow burst at 32 (263k examples/s where 16 ran 661k and 64 592k) pulled the fit
     to choose 32. A choice its own numbers show more than BURST_NOISE slower than another value's is refused."""
-    from hpml.components.trainer.step_tuning import BURST_NOISE, _spe_reason
+    from hpml.components.trainer.step_tuning.knobs import BURST_NOISE
+    from hpml.components.trainer.step_tuning.sweep import spe_reason as _spe_reason
 
     rates = {1: 219_500, 2: 380_000, 4: 520_000, 8: 600_000, 16: 660_858, 32: 263_444, 64: 592_345}
     spe = smallest_as_fast(rates, 1024)
@@ -151,7 +152,7 @@ def test_costly_candidates_are_measured_only_within_the_budget(tmp_path, monkeyp
     assert "budget" in short.reasons["precision"]
     assert [m for m in short.measured if m["jit_compile"] or m["precision"] != FLOAT32] == []
 
-    monkeypatch.setattr(step_tuning, "PRECISION_TOLERANCE", 0.0)  # no policy can match float32 exactly
+    monkeypatch.setattr(step_tuning.knobs, "PRECISION_TOLERANCE", 0.0)  # no policy can match float32 exactly
     _, long = tune_step(_model(), _data(), batch_size=BATCH, total_steps=10_000_000, rebuild=_model,
                         device=Device("CPU", cpu_bf16=True))
     # Both costly knobs, alone and together: bfloat16 without XLA, XLA in float32, and both.
@@ -168,7 +169,7 @@ def test_the_matmul_probe_prices_only_dense_layers_and_stops_where_no_saving_cou
     no_dense = tf_keras.Sequential([tf_keras.Input((8,)), tf_keras.layers.Lambda(lambda x: 2 * x)])
     assert predicted_saving_s(no_dense, MIXED_BFLOAT16, BATCH, 1000) == 0.0
     wide = _model(width=512)
-    assert step_tuning._dense_kernel_shapes(wide) == [(8, 512), (512, 2)]
+    assert step_tuning.probe.dense_kernel_shapes(wide) == [(8, 512), (512, 2)]
     # float32's matmuls over 10 steps cannot take an hour: no policy could save that much, so none is timed.
     assert predicted_saving_s(wide, MIXED_BFLOAT16, BATCH, 10, needed_s=3600.0) == 0.0
     assert step_tuning.compute_dtype(MIXED_BFLOAT16) == "bfloat16" and step_tuning.compute_dtype(FLOAT32) == "float32"
@@ -181,9 +182,9 @@ def test_a_policy_left_out_by_the_budget_is_measured_where_the_probe_predicts_it
         asked.append((policy, total_steps, needed_s))
         return saving
 
-    monkeypatch.setattr(step_tuning, "predicted_saving_s", probe)
-    monkeypatch.setattr(step_tuning, "PRECISION_TOLERANCE", 1.0)  # the subject is what gets measured
-    monkeypatch.setattr(step_tuning, "BUDGET_SHARE", 0.0)  # no compile fits the plain budget, however fast this CPU
+    monkeypatch.setattr(step_tuning.probe, "predicted_saving_s", probe)
+    monkeypatch.setattr(step_tuning.knobs, "PRECISION_TOLERANCE", 1.0)  # the subject is what gets measured
+    monkeypatch.setattr(step_tuning.knobs, "BUDGET_SHARE", 0.0)  # no compile fits the plain budget, however fast
     saving = 0.0
     _, unpaid = tune_step(_model(), _data(), batch_size=BATCH, total_steps=300_000, rebuild=_model,
                           device=Device("CPU", cpu_bf16=True))
@@ -207,7 +208,7 @@ def test_the_policy_model_measuring_built_is_the_one_trained_and_trains_as_a_fre
         return _model(seed=seed, width=64)
 
     def under_bf16(seed=1):
-        return step_tuning._build_under(MIXED_BFLOAT16, lambda: build(seed))
+        return step_tuning.policies.build_under(MIXED_BFLOAT16, lambda: build(seed))
 
     start = _weights(build())
     tuned, tuning = tune_step(build(), _data(), batch_size=BATCH, total_steps=10_000_000, rebuild=build,
@@ -279,4 +280,4 @@ def test_the_precision_check_takes_the_loss_each_model_evaluates_itself_with_a_c
     for model in (plain, distiller):
         expected = model.evaluate(batches, verbose=0, return_dict=True)["loss"]
         assert expected > 0.1
-        assert step_tuning._loss_on(model, batches) == pytest.approx(expected, rel=1e-5)
+        assert step_tuning.policies.loss_on(model, batches) == pytest.approx(expected, rel=1e-5)
