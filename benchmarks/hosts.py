@@ -232,9 +232,10 @@ def render(results: dict) -> str:
              "counted: no variant that reads its input from the store can be faster than that. `start-up` is the "
              "driver's total less its components' own times: starting the process on its host and importing "
              "TensorFlow.", ""]
-    for name, data in results["datasets"].items():
-        medians = results["datasets"][name]["median"]
-        lines += [f"## {name} ({data['bytes'] / 1e3:,.0f} kB of CSV)", "",
+    for name, data in sorted(results["datasets"].items(), key=lambda item: item[1]["rows"]):
+        medians = data["median"]
+        size = f"{data['bytes'] / 1e6:,.0f} MB" if data["bytes"] >= 1e6 else f"{data['bytes'] / 1e3:,.0f} kB"
+        lines += [f"## {name} ({size} of CSV)", "",
                   "| variant | total s | ExampleGen s | Transform s | Trainer s | start-up s | total / one host |",
                   "|---|---|---|---|---|---|---|"]
         base = medians.get("one_host", {}).get("total_s", 0)
@@ -242,8 +243,9 @@ def render(results: dict) -> str:
             lines.append(f"| {LABELS[variant]} | {values['total_s']:.1f} | {values['ExampleGen']:.1f} | "
                          f"{values['Transform']:.1f} | {values['Trainer']:.1f} | {values['start_s']:.1f} | "
                          f"{_ratio(values['total_s'], base)} |")
-        lines += ["", f"Limit: the input read from the store in {median(data['limit_read_s']):.2f} s "
-                      f"({data['bytes'] / 1e6 / max(median(data['limit_read_s']), 1e-9):,.0f} MB/s).", ""]
+        read_s = median(data["limit_read_s"])
+        lines += ["", f"Limit: the input read from the store in {read_s:.2f} s "
+                      f"({data['bytes'] / 1e6 / max(read_s, 1e-9):,.1f} MB/s).", ""]
         if {"one_host", "store", "cluster"} <= set(medians):
             lines += ["| component | store / one host | cluster / store | cluster / one host |", "|---|---|---|---|"]
             for component in (*COMPONENTS, "total_s"):
