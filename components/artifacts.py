@@ -42,10 +42,19 @@ CLASS_NAMES_SIGNATURE = "class_names"
 # The serving SavedModel's signature from serialized labelled raw tf.Examples to transformed features (TFMA's
 # `preprocessing_function_names`, as in TFX's own examples).
 TRANSFORM_FEATURES_SIGNATURE = "transform_features"
+# The serving SavedModel's signature from raw features, one 1-D tensor each, as a client without tf.Example sends
+# them: a missing value is NaN (floats) or "" (strings).
+RAW_FEATURES_SIGNATURE = "serving_raw"
 # In a ModelRun: what a run_fn leaves for the run record and the report.
 EVAL_METRICS_FILE = "eval_metrics.json"  # {metric: value} on the eval split, written by `write_eval_metrics`
 CLASSIFICATION_FILE = "classification.json"  # per-class metrics and the confusion matrix of a classifier
 GPIPE_RECORD_FILE = "gpipe.json"  # the GPipe schedule, stage costs and executed timeline of one traced step
+# In a ModelBlessing: TFX's empty marker file (one of the two), and the gate's verdict metric by metric.
+BLESSED_FILE = "BLESSED"
+NOT_BLESSED_FILE = "NOT_BLESSED"
+GATE_FILE = "gate.json"
+# In a PushedModel: where and as which version the model was published, or why it was not.
+PUSH_FILE = "push.json"
 _TMP_MARKER = ".tmp-"
 
 
@@ -63,6 +72,8 @@ INPUT_PIPELINE = ArtifactType("InputPipeline")
 MODEL = ArtifactType("Model")
 MODEL_RUN = ArtifactType("ModelRun")
 MODEL_EVALUATION = ArtifactType("ModelEvaluation")
+MODEL_BLESSING = ArtifactType("ModelBlessing")
+PUSHED_MODEL = ArtifactType("PushedModel")
 
 
 def check_split_name(name: str) -> str:

@@ -197,3 +197,17 @@ def walk_files(root: str) -> Iterator[tuple[str, int]]:
             path = os.path.join(folder, name)
             found.append((os.path.relpath(path, root).replace(os.sep, "/"), os.path.getsize(path)))
     yield from sorted(found)
+
+
+def copy_tree(source: str, target: str) -> int:
+    """Copy every file under `source` to the same place under `target` (local or object store); the bytes copied."""
+    if not is_url(source) and not is_url(target):
+        shutil.copytree(source, target, dirs_exist_ok=True)
+        return sum(size for _, size in walk_files(target))
+    gfile, copied = _gfile(), 0
+    for relative, size in walk_files(source):
+        destination = os.path.join(target, relative)
+        makedirs(os.path.dirname(destination))
+        gfile.copy(os.path.join(source, relative), destination, overwrite=True)
+        copied += size
+    return copied

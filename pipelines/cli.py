@@ -12,6 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from hpml.components import files
 from hpml.components.errors import USER_ERROR_EXIT, HpmlError
 from hpml.components.native_logs import VERBOSE_ENV, quiet_libraries, start_tensorflow
+from hpml.pipelines import models_cli
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
@@ -191,6 +192,7 @@ def cmd_runs(args) -> int:
     table.add_column("accuracy", no_wrap=True)
     table.add_column("strategy", overflow="fold", min_width=8)
     table.add_column("epochs", no_wrap=True)
+    table.add_column("pushed", no_wrap=True)
     import datetime
 
     for run in runs:
@@ -198,10 +200,17 @@ def cmd_runs(args) -> int:
         table.add_row(
             run.info.run_id[:records.SHORT_ID], run.info.run_name, _status(run), f"{started:%Y-%m-%d %H:%M}",
             _fmt(run.data.metrics.get("eval_accuracy")), run.data.params.get("strategy", "-"),
-            run.data.params.get("epochs", "-"),
+            run.data.params.get("epochs", "-"), _pushed(run.data.tags),
         )
     _print_table(console, table)
     return 0
+
+
+def _pushed(tags: dict) -> str:
+    """The version a run pushed, "no" when its gate held the model back, "-" for a run without a pusher."""
+    if "hpml.pushed" not in tags:
+        return "-"
+    return f"v{tags['hpml.pushed_version']}" if tags["hpml.pushed"] == "true" else "no"
 
 
 def _check_pipeline_name(name: str) -> None:
@@ -360,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--open", action="store_true", help="also open it in a web browser")
     report.add_argument("--rebuild", action="store_true", help="write it again from the run record")
     report.set_defaults(func=cmd_report)
+
+    models_cli.add_parser(sub)
 
     bench = sub.add_parser("bench", help="run benchmarks; each writes benchmarks/results/<name>.json and .md")
     bench.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(BENCHMARKS)} (default: all)")

@@ -79,7 +79,10 @@ class Pipeline:
         """The run's parameters: defaults filled in, the schema and this pipeline's checks applied."""
         from hpml.pipelines.params import validate
 
-        return validate(self.params_schema, values, self.param_checks)
+        validated = validate(self.params_schema, values, self.param_checks)
+        for node in self.nodes:  # a bad component parameter fails now, not after the nodes before it ran
+            node.component.resolve_params(node.params(validated))
+        return validated
 
     def node(self, node_id: str) -> Node:
         for node in self.nodes:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from hpml.components import files
 from hpml.components.errors import HpmlError
+from hpml.components.results import RunRecord
 from hpml.pipelines import locks
 from hpml.pipelines.paths import hpml_home
 
@@ -177,12 +178,15 @@ def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], prope
         if evaluation.get("distillation"):
             metrics += [Metric(f"distillation.{k}", float(v), now, 0) for k, v in evaluation["distillation"].items()
                         if _finite(v)]
+    record = RunRecord.from_properties(properties)  # what a component that owns its record decided
+    metrics += [Metric(key, value, now, 0) for key, value in record.metrics.items()]
+    tags += [RunTag(key, value) for key, value in record.tags.items()]
     metrics = [Metric(f"{metric_prefix}{m.key}", m.value, m.timestamp, m.step) for m in metrics]
     metrics.append(Metric(f"{DURATION_METRIC}{node_id}", seconds, now, 0))
     mlflow_client = client()
     mlflow_client.log_batch(mlflow_run_id, metrics=metrics, tags=tags)
     for name, uri in outputs.items():
-        for small in SMALL_ARTIFACTS:
+        for small in (*SMALL_ARTIFACTS, *record.files.get(name, ())):
             path = os.path.join(uri, small)
             if files.isfile(path):
                 _log_file(mlflow_client, mlflow_run_id, path, f"{node_id}/{name}")

@@ -211,7 +211,27 @@ def render_pipeline(profile: CsvProfile, name: str) -> str:
                     f"RENAME_COLUMNS = {_renames(profile)}\n") if renamed else "",
         "RENAME_PARAM": '                "rename_columns": RENAME_COLUMNS,\n' if renamed else "",
         "NUMERIC": _tuple(profile.numeric + ((profile.label,) if profile.task == "regression" else ())),
+        **_shipping(profile, name),
         "FEATURES": _tuple((profile.label, *profile.numeric, *profile.categorical))})
+
+
+def _shipping(profile: CsvProfile, name: str) -> dict[str, str]:
+    """A classifier's pipeline ends with the Gate and the Pusher; the gate has no metrics for a regressor yet."""
+    ships = profile.task == "classification"
+    names = ["EXAMPLE_GEN", "TRAINER", "TRAINING_CHECKS", "TRANSFORM", "Node", "Pipeline",
+             *(["shipping_nodes"] if ships else []), "step_hyperparameters", "training_params_schema",
+             *(["with_shipping_params"] if ships else [])]
+    lines, line = [], "from hpml.v1 import ("
+    for index, imported in enumerate(names):
+        piece = imported + (", " if index < len(names) - 1 else ")")
+        if len(line) + len(piece.rstrip()) > 120:
+            lines.append(line.rstrip())
+            line = " " * len("from hpml.v1 import (")
+        line += piece
+    return {"CHAIN": "ExampleGen -> Transform -> Trainer" + (" -> Gate -> Pusher" if ships else ""),
+            "IMPORTS": "\n".join([*lines, line]),
+            "SCHEMA": "with_shipping_params(training_params_schema(DATA))" if ships else "training_params_schema(DATA)",
+            "SHIPPING": f'        *shipping_nodes("{name}", LABEL),\n' if ships else ""}
 
 
 def init_project(name: str, csv_path: str, label: str, directory: str = ".", dags_folder: str | None = None,

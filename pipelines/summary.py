@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from hpml.pipelines import records
+from hpml.pipelines import records, shipping
 
 
 def print_summary(summary: records.RunSummary, console: Console | None = None) -> None:
@@ -28,6 +28,9 @@ def print_summary(summary: records.RunSummary, console: Console | None = None) -
                       "(the Transform log says why)", highlight=False, soft_wrap=True)
     if summary.eval_metrics:
         console.print("eval: " + "  ".join(f"{k}={v:.4f}" for k, v in sorted(summary.eval_metrics.items())))
+    shipped = shipping.outcome(summary.outputs)
+    if shipped:
+        console.print(f"model: {shipping.describe(shipped)}", soft_wrap=True, highlight=False)
     console.print(f"run record: MLflow run {summary.mlflow_run_id} at {records.tracking_uri()}", soft_wrap=True)
     if summary.tags.get("hpml.report"):
         console.print(f"report: {summary.tags['hpml.report']}", soft_wrap=True, highlight=False)

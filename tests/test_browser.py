@@ -249,7 +249,7 @@ def test_the_report_view_shows_training_advance_a_killed_worker_resume_then_the_
     assert run["state"] == "success", stack.task_states("penguin", run_id)
     report = view.frame_locator("#report-frame")
     report.get_by_role("heading", name="Per class").wait_for()
-    for heading in ("Evaluation", "Strategy plan: multi_worker_mirrored"):
+    for heading in ("Evaluation", "Gate and push", "Strategy plan: multi_worker_mirrored"):
         assert report.get_by_role("heading", name=heading).first.is_visible(), heading
     assert report.locator('img[alt="confusion matrix"]').is_visible()
     assert view.locator('[data-status="FINISHED"]').is_visible()
@@ -292,7 +292,7 @@ def test_the_report_views_endpoints_need_a_user_who_may_read_the_dag_and_serve_o
     assert stack.get("/api/v2/dags/penguin", token=outsider)[0] == 403, "Airflow itself denies the outsider"
     status = json.loads(stack.get(f"{base}/status.json", token=admin)[1])
     assert status["status"] == "FINISHED" and status["report"] is True
-    assert [c["node"] for c in status["components"]] == ["ExampleGen", "Transform", "Trainer"]
+    assert [c["node"] for c in status["components"]] == ["ExampleGen", "Transform", "Trainer", "Gate", "Pusher"]
     assert {c["state"] for c in status["components"]} == {"done"}
 
     # Only files inside this run's report: no climbing out, no absolute paths, no symlinks out.

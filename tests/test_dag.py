@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import TINY_EPOCHS
 
-TASKS = ["start_run", "ExampleGen", "Transform", "Trainer", "finish_run"]
+TASKS = ["start_run", "ExampleGen", "Transform", "Trainer", "Gate", "Pusher", "finish_run"]
 
 
 def test_dagbag_imports_the_penguin_dag(airflow_db):
@@ -22,6 +22,8 @@ def test_dagbag_imports_the_penguin_dag(airflow_db):
     assert sorted(t.task_id for t in dag.tasks) == sorted(TASKS)
     assert dag.task_dict["Transform"].upstream_task_ids == {"start_run", "ExampleGen"}
     assert dag.task_dict["Trainer"].upstream_task_ids == {"start_run", "ExampleGen", "Transform"}
+    assert dag.task_dict["Gate"].upstream_task_ids == {"start_run", "ExampleGen", "Trainer"}
+    assert dag.task_dict["Pusher"].upstream_task_ids == {"start_run", "Trainer", "Gate"}
     assert dag.catchup is False
     assert dag.timetable.expression == "0 0 * * *"
     outlets = dag.task_dict["Trainer"].outlets
@@ -29,7 +31,7 @@ def test_dagbag_imports_the_penguin_dag(airflow_db):
     form = dag.params.dump()
     assert set(form) == {"data_path", "epochs", "batch_size", "learning_rate", "strategy", "skip_bad_rows", "encoding",
                          "num_workers", "num_ps", "gradient_accumulation_steps", "launcher", "remat", "seed",
-                         "steps_per_execution", "xla", "precision"}
+                         "steps_per_execution", "xla", "precision", "gate_min_accuracy", "gate_margin", "serving_dir"}
     schemas = {name: dag.params.get_param(name).schema for name in form}
     assert all(s["title"] for s in schemas.values()), "every field has a title"
     assert all(dag.params.get_param(name).description for name in form), "and a description"
@@ -106,7 +108,7 @@ def test_run_record_contents(penguin_dag_run):
     for key, value in conf.items():
         assert summary.params[key] == str(value)
     assert summary.tags["airflow.dag_id"] == "penguin" and summary.tags["airflow.run_id"] == run_id
-    assert set(summary.durations) == {"ExampleGen", "Transform", "Trainer"}
+    assert set(summary.durations) == {"ExampleGen", "Transform", "Trainer", "Gate", "Pusher"}
     assert all(seconds > 0 for seconds in summary.durations.values())
     from hpml.pipelines.paths import artifact_root, run_folder_name
 

@@ -32,7 +32,7 @@ def test_the_penguin_dag_runs_its_tasks_on_celery_workers_of_the_worker_hosts(cl
         summary = records.load(records.find("airflow.run_id", run_id, "penguin"))
     assert summary.status == "FINISHED"
     # The run record says which host ran each component, as Airflow does.
-    assert summary.hosts == {node: ran_on[node] for node in ("ExampleGen", "Transform", "Trainer")}
+    assert summary.hosts == {node: ran_on[node] for node in ("ExampleGen", "Transform", "Trainer", "Gate", "Pusher")}
     assert summary.tags["hpml.run_dir"].startswith(f"{cluster_store.root}/airflow/penguin/")
     assert all(uri.startswith(cluster_store.root) for outputs in summary.outputs.values() for uri in outputs.values())
 
@@ -40,7 +40,7 @@ def test_the_penguin_dag_runs_its_tasks_on_celery_workers_of_the_worker_hosts(cl
     assert status == 200, body[:500]
     status_json = json.loads(body)
     assert status_json["status"] == "FINISHED" and status_json["report"] is True
-    assert [c["state"] for c in status_json["components"]] == ["done"] * 3
+    assert [c["state"] for c in status_json["components"]] == ["done"] * 5
     status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/report/report.html")
     assert status == 200 and f"penguin run {run_id}".encode() in body
 

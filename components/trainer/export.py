@@ -4,7 +4,9 @@ The transform graph runs inside the exported model, so clients send raw features
 ExampleGen wrote them, and TFX's Evaluator and Pusher can use the Model artifact. A
 `transform_features` signature returns the transformed features, label included, so TFX's
 Evaluator (TFMA) can read a transformed label through `preprocessing_function_names`. With class
-names, another signature returns them in column order.
+names, another signature returns them in column order. Where every raw feature holds one value per example (a CSV
+column), `serving_raw` takes raw features as one 1-D tensor each, for clients that send values, not tf.Examples (a
+missing value is NaN, or "" for text; whole numbers that may be missing come as float64).
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import os
 import tensorflow as tf
 
 from hpml.components import files
-from hpml.components.artifacts import CLASS_NAMES_SIGNATURE, EVAL_METRICS_FILE, TRANSFORM_FEATURES_SIGNATURE
+from hpml.components.artifacts import (CLASS_NAMES_SIGNATURE, EVAL_METRICS_FILE, RAW_FEATURES_SIGNATURE,
+                                      TRANSFORM_FEATURES_SIGNATURE)
 
 
 def write_eval_metrics(model_run_dir: str, metrics: dict) -> None:
@@ -34,9 +37,7 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
     raw_spec.pop(label_key, None)
     names = tf.constant(class_names or [], dtype=tf.string)
 
-    @tf.function(input_signature=[tf.TensorSpec(shape=[None], dtype=tf.string, name="examples")])
-    def serve_tf_examples(serialized):
-        parsed = tf.io.parse_example(serialized, raw_spec)
+    def predict(parsed):
         transformed = model.tft_layer(parsed)
         transformed.pop(label_key, None)
         if regression:
@@ -47,6 +48,14 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
             outputs["classes"] = tf.gather(names, outputs["class_ids"])
         return outputs
 
+    @tf.function(input_signature=[tf.TensorSpec(shape=[None], dtype=tf.string, name="examples")])
+    def serve_tf_examples(serialized):
+        return predict(tf.io.parse_example(serialized, raw_spec))
+
+    @tf.function
+    def serve_raw_features(**features):
+        return predict({name: _as_parsed(features[name], feature) for name, feature in raw_spec.items()})
+
     full_spec = tf_transform_output.raw_feature_spec()
 
     @tf.function(input_signature=[tf.TensorSpec(shape=[None], dtype=tf.string, name="examples")])
@@ -55,6 +64,9 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
         return model.tft_layer(tf.io.parse_example(serialized, full_spec))
 
     signatures = {"serving_default": serve_tf_examples, TRANSFORM_FEATURES_SIGNATURE: transform_features}
+    if all(_one_value(feature) for feature in raw_spec.values()):
+        signatures[RAW_FEATURES_SIGNATURE] = serve_raw_features.get_concrete_function(
+            **{name: tf.TensorSpec([None], raw_input_dtype(feature), name=name) for name, feature in raw_spec.items()})
     if class_names:
         @tf.function(input_signature=[])
         def class_names_by_column():
@@ -63,3 +75,33 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
 
         signatures[CLASS_NAMES_SIGNATURE] = class_names_by_column
     model.save(serving_model_dir, save_format="tf", signatures=signatures)
+
+
+def _one_value(feature) -> bool:
+    """A feature with at most one value per example (a CSV column), which one 1-D tensor can carry."""
+    if isinstance(feature, tf.io.FixedLenFeature):
+        return list(feature.shape) in ([], [1])
+    return isinstance(feature, tf.io.VarLenFeature)
+
+
+def raw_input_dtype(feature):
+    """What `serving_raw` takes for a raw feature: its own dtype, except float64 for an integer feature that may be
+    missing, so that NaN can say so (exact for whole numbers up to 2**53)."""
+    if isinstance(feature, tf.io.VarLenFeature) and feature.dtype.is_integer:
+        return tf.float64
+    return feature.dtype
+
+
+def _as_parsed(values, feature):
+    """One raw feature's 1-D tensor as tf.io.parse_example would give it: dense for a fixed-length feature; sparse
+    for a variable-length one, without the values a client marks missing (NaN, or "" for strings)."""
+    if isinstance(feature, tf.io.FixedLenFeature):
+        return tf.reshape(values, [-1, *feature.shape])
+    if values.dtype == tf.string:
+        present = tf.not_equal(values, "")
+    else:
+        present = tf.logical_not(tf.math.is_nan(values))
+    rows = tf.where(present)[:, 0]
+    return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1),
+                           tf.cast(tf.boolean_mask(values, present), feature.dtype),
+                           dense_shape=tf.stack([tf.shape(values, out_type=tf.int64)[0], 1]))

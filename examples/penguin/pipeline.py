@@ -1,4 +1,4 @@
-"""The penguin pipeline: palmerpenguins CSV -> ExampleGen -> Transform -> Trainer.
+"""The penguin pipeline: palmerpenguins CSV -> ExampleGen -> Transform -> Trainer -> Gate -> Pusher.
 
 The data ship inside the palmerpenguins package (`pip install hpml[examples]`); nothing is downloaded.
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from hpml.v1 import (EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipeline, SpecError, step_hyperparameters,
-                     training_params_schema)
+from hpml.v1 import (EXAMPLE_GEN, TRAINER, TRAINING_CHECKS, TRANSFORM, Node, Pipeline, SpecError, shipping_nodes,
+                     step_hyperparameters, training_params_schema, with_shipping_params)
 
 MODULE = "hpml.examples.penguin.module"  # or the path of module.py, as TFX takes a module_file
 LABEL = "species"
@@ -28,7 +28,7 @@ def penguins_csv() -> str:
 PIPELINE = Pipeline(
     name="penguin",
     description="Classify palmerpenguins species from bill, flipper, mass, island and sex.",
-    params_schema=training_params_schema(penguins_csv()),
+    params_schema=with_shipping_params(training_params_schema(penguins_csv())),
     param_checks=TRAINING_CHECKS,
     nodes=(
         Node(
@@ -72,5 +72,6 @@ PIPELINE = Pipeline(
                 "num_ps": p["num_ps"],
             },
         ),
+        *shipping_nodes("penguin", LABEL),
     ),
 )

@@ -13,7 +13,8 @@
 Each takes the inputs and parameters of the hpml component of the same name; the parameters are checked when the
 component is made. Outputs use TFX's standard artifact types, and `InputPipeline` is hpml's own.
 """
-from hpml.pipelines.tfx.components import (PROPERTIES_KEY, Evaluator, ExampleGen, InputPipeline, SoftTargets,
-                                           Trainer, Transform)
+from hpml.pipelines.tfx.components import (PROPERTIES_KEY, Evaluator, ExampleGen, Gate, InputPipeline, Pusher,
+                                           SoftTargets, Trainer, Transform)
 
-__all__ = ["Evaluator", "ExampleGen", "InputPipeline", "PROPERTIES_KEY", "SoftTargets", "Trainer", "Transform"]
+__all__ = ["Evaluator", "ExampleGen", "Gate", "InputPipeline", "PROPERTIES_KEY", "Pusher", "SoftTargets", "Trainer",
+           "Transform"]

@@ -8,7 +8,7 @@ import re
 from hpml.components import artifacts, files
 from hpml.components.trainer.input_stall import STALL_FILE
 from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
-from hpml.pipelines import records
+from hpml.pipelines import records, shipping
 from hpml.pipelines.report.plots import CURVE_GROUPS
 
 
@@ -61,6 +61,7 @@ def collect(mlflow_run_id: str) -> dict:
         "run_dir": summary.tags.get("hpml.run_dir"),
         "node_curves": node_curves,
         "evaluation": _in(evaluation_dir, "results.json"),
+        "shipping": shipping.outcome(summary.outputs),
     }
 
 

@@ -7,6 +7,7 @@ import html
 import os
 
 from hpml.components.trainer.input_stall import describe_stall
+from hpml.pipelines import shipping
 from hpml.pipelines.report.plots import CURVE_GROUPS, curve_title
 from hpml.pipelines.templates import render as render_template
 
@@ -91,6 +92,29 @@ def _evaluation(data: dict, pngs: dict) -> list[str]:
         if "confusion.png" in pngs:
             parts.append(_img(pngs["confusion.png"], "confusion matrix"))
     return parts
+
+
+def _shipping(data: dict, pngs: dict) -> list[str]:
+    """Whether the Gate blessed the model and why, metric by metric, and where the Pusher put it."""
+    found = data.get("shipping")
+    if not found:
+        return []
+    gate = found["gate"]
+    champion = gate.get("champion") or {}
+    against = (f"the champion, version {champion['version']} in {champion['destination']}" if "version" in champion
+               else f"the baseline model {champion['model']}" if "model" in champion else "no champion yet")
+    rows = [(check["metric"], f"{check['candidate']:.4f}", _optional(check["champion"]),
+             _optional(check["threshold"]), _optional(check["margin"]), "pass" if check["passed"] else "FAIL")
+            for check in gate["checks"]]
+    css = "" if gate["blessed"] else " class='bad'"
+    return [f"<h2>Gate and push</h2><p{css}>The model is {html.escape(shipping.describe(found))}.</p>",
+            f"<p>Scored on {gate['examples']} {html.escape(gate['split'])} examples against "
+            f"{html.escape(str(against))}.</p>",
+            _table(rows, ("metric", "candidate", "champion", "threshold", "margin", ""))]
+
+
+def _optional(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _plan(data: dict, pngs: dict) -> list[str]:
@@ -190,7 +214,7 @@ def _time(data: dict, pngs: dict) -> list[str]:
     return parts
 
 
-SECTIONS = (_heading, _data, _evaluation, _plan, _models, _curves, _input_pipeline, _gpipe, _time)
+SECTIONS = (_heading, _data, _evaluation, _shipping, _plan, _models, _curves, _input_pipeline, _gpipe, _time)
 
 
 def render(data: dict, pngs: dict[str, str]) -> str:

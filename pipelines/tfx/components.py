@@ -1,10 +1,10 @@
 """hpml's components as TFX components: hpml's specs and executors behind TFX's component contract.
 
 Each TFX component wraps one hpml ComponentSpec. Its inputs and outputs are channels of TFX's standard artifact
-types (Examples, Schema, TransformGraph, Model, ModelRun, ModelEvaluation) plus `hpml.InputPipeline`; its
-parameters are checked by the hpml spec when the pipeline is defined, and travel to the executor as JSON
-execution properties, so TFX records each one in MLMD. The executor is hpml's own, called with the artifacts'
-URIs. Imported only where `tfx` is installed.
+types (Examples, Schema, TransformGraph, Model, ModelRun, ModelEvaluation, ModelBlessing, PushedModel) plus
+`hpml.InputPipeline`; its parameters are checked by the hpml spec when the pipeline is defined, and travel to
+the executor as JSON execution properties, so TFX records each one in MLMD. The executor is hpml's own, called
+with the artifacts' URIs. Imported only where `tfx` is installed.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from hpml.components import artifacts
 from hpml.components.errors import SpecError, known_names
 from hpml.components.evaluator import EVALUATOR
 from hpml.components.example_gen import EXAMPLE_GEN
+from hpml.components.gate import GATE
+from hpml.components.pusher import PUSHER
 from hpml.components.soft_targets import SOFT_TARGETS
 from hpml.components.spec import ComponentSpec
 from hpml.components.trainer import TRAINER
@@ -42,6 +44,8 @@ ARTIFACT_TYPES: dict[str, type[types.Artifact]] = {
     artifacts.MODEL_RUN.name: standard_artifacts.ModelRun,
     artifacts.MODEL_EVALUATION.name: standard_artifacts.ModelEvaluation,
     artifacts.INPUT_PIPELINE.name: InputPipeline,
+    artifacts.MODEL_BLESSING.name: standard_artifacts.ModelBlessing,
+    artifacts.PUSHED_MODEL.name: standard_artifacts.PushedModel,
 }
 
 # TFX keeps inputs, outputs and parameters in one namespace: an output named like an input is renamed.
@@ -78,6 +82,21 @@ class HpmlExecutor(base_executor.BaseExecutor):
                     artifacts.list_splits(produced_artifact.uri))
         first = produced[next(iter(spec.outputs))]
         first.set_string_custom_property(PROPERTIES_KEY, json.dumps(properties, default=str, sort_keys=True))
+        _set_tfx_properties(produced, spec, properties)
+
+
+def _set_tfx_properties(produced: dict[str, types.Artifact], spec: ComponentSpec, properties: dict) -> None:
+    """The custom properties TFX's own components read: `blessed` on a ModelBlessing (TFX's Pusher checks it);
+    `pushed`, `pushed_destination` and `pushed_version` on a PushedModel."""
+    for name, artifact in produced.items():
+        if spec.outputs[name] == artifacts.MODEL_BLESSING:
+            artifact.set_int_custom_property("blessed", int(properties["blessing"]["blessed"]))
+        elif spec.outputs[name] == artifacts.PUSHED_MODEL:
+            push = properties["push"]
+            artifact.set_int_custom_property("pushed", int(push["pushed"]))
+            if push["pushed"]:
+                artifact.set_string_custom_property("pushed_destination", push["path"])
+                artifact.set_string_custom_property("pushed_version", str(push["version"]))
 
 
 def _tfx_component(spec: ComponentSpec, class_name: str, doc: str) -> type[base_component.BaseComponent]:
@@ -126,3 +145,5 @@ Transform = _register(TRANSFORM, "hpml's Transform: tf.Transform over Examples, 
 Trainer = _register(TRAINER, "hpml's Trainer: run_fn under a planned strategy, GPipe, distillation or a launcher.")
 SoftTargets = _register(SOFT_TARGETS, "hpml's SoftTargets: teacher predictions cached beside the examples.")
 Evaluator = _register(EVALUATOR, "hpml's Evaluator: accuracy, latency and size of several Models on raw Examples.")
+Gate = _register(GATE, "hpml's Gate: the Model against thresholds and the champion; a ModelBlessing as TFX's.")
+Pusher = _register(PUSHER, "hpml's Pusher: a blessed Model as the next version of a TF Serving folder.")

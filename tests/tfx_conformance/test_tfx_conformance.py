@@ -147,19 +147,27 @@ def _tfx_transform_and_trainer(data: Path, module: str, **trainer_args) -> list:
 
 def test_a_module_hpml_init_writes_runs_in_tfx_s_own_transform_and_trainer_and_the_pushed_model_serves(tmp_path):
     """CsvExampleGen -> StatisticsGen -> SchemaGen -> TFX Transform and Trainer with the module `hpml init` writes
-    for penguins.csv (TFX's FnArgs: working_dir None, train_steps None, custom_config) -> Evaluator -> Pusher."""
+    for penguins.csv (TFX's FnArgs: working_dir None, train_steps None, custom_config) -> hpml's Gate -> TFX's
+    Pusher."""
     from hpml.pipelines import scaffold
 
     data = _cleaned_penguins(tmp_path / "data")
     _, written = scaffold.init_project("penguins", str(data), "species", directory=str(tmp_path / "project"))
     components = _tfx_transform_and_trainer(data, written["module"], custom_config={"strategy": "mirrored"})
-    example_gen, trainer = components[0], components[-1]
-    evaluator, pusher = _evaluator_and_pusher(example_gen.outputs["examples"], trainer.outputs["model"],
-                                              tmp_path / "serving")
-    database = _run("hpml_module_in_tfx", tmp_path, [*components, evaluator, pusher])
+    example_gen, schema, trainer = components[0], components[2], components[-1]
+    # hpml's Gate follows TFX's Trainer, and TFX's Pusher follows hpml's Gate.
+    gate = hpml_tfx.Gate(examples=example_gen.outputs["examples"], schema=schema.outputs["schema"],
+                         model=trainer.outputs["model"], label_key="species", thresholds={"accuracy": 0.8})
+    pusher = tfx.components.Pusher(
+        model=trainer.outputs["model"], model_blessing=gate.outputs["blessing"],
+        push_destination=tfx.proto.PushDestination(
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=str(tmp_path / "serving"))))
+    database = _run("hpml_module_in_tfx", tmp_path, [*components, gate, pusher])
 
     store = _store(database)
     assert _blessed(store)
+    (blessing,) = store.get_artifacts_by_type("ModelBlessing")
+    assert sorted(os.listdir(blessing.uri)) == ["BLESSED", "gate.json"]
     examples, labels = _raw_examples(data, "species", PENGUIN_RAW_TYPES)
     assert _accuracy_of_served_classes(_pushed_model_dir(store), examples, labels) > 0.9
     (model_run,) = store.get_artifacts_by_type("ModelRun")
@@ -245,12 +253,19 @@ def test_hpml_transform_and_trainer_run_as_tfx_components_between_tfx_s_own(tmp_
                              hyperparameters={"epochs": 2, "pipeline_stages": 2, "micro_batches": 4}).with_id("GPipe")
     workers = hpml_tfx.Trainer(**transformed, module=module, strategy="multi_worker_mirrored", num_workers=2,
                                hyperparameters={"epochs": 2}).with_id("TwoWorkers")
+    # hpml's Pusher follows TFX's Evaluator too.
+    hpml_pusher = hpml_tfx.Pusher(model=trainer.outputs["model"], model_blessing=evaluator.outputs["blessing"],
+                                  destination=str(tmp_path / "hpml-serving")).with_id("HpmlPusher")
     database = _run("mixed", tmp_path, [example_gen, statistics, schema, transform, trainer, evaluator, pusher,
-                                        gpipe, workers])
+                                        hpml_pusher, gpipe, workers])
 
     store = _store(database)
     assert _blessed(store)
-    (pushed,) = store.get_artifacts_by_type("PushedModel")
+    pushed_by = {Path(a.uri).parts[-3]: a for a in store.get_artifacts_by_type("PushedModel")}
+    assert pushed_by["HpmlPusher"].custom_properties["pushed"].int_value == 1
+    assert pushed_by["HpmlPusher"].custom_properties["pushed_version"].string_value == "1"
+    assert os.listdir(tmp_path / "hpml-serving") == ["1"]
+    pushed = pushed_by["Pusher"]
     assert _upstream_executions(store, pushed.id) >= {
         "tfx.components.example_gen.csv_example_gen.component.CsvExampleGen",
         "tfx.components.schema_gen.component.SchemaGen", "tfx.components.statistics_gen.component.StatisticsGen",
@@ -270,7 +285,9 @@ def test_hpml_transform_and_trainer_run_as_tfx_components_between_tfx_s_own(tmp_
     assert two_workers["plan"]["strategy"] == "multi_worker_mirrored" and two_workers["plan"]["cluster"]["workers"] == 2
     assert two_workers["launch"]["restarts"] == 0 and len(two_workers["history"]) == 2
     examples, labels = _raw_examples(data, "species", PENGUIN_RAW_TYPES)
-    assert _accuracy_of_served_classes(_pushed_model_dir(store), examples, labels) > 0.9
+    assert _accuracy_of_served_classes(pushed.custom_properties["pushed_destination"].string_value, examples,
+                                       labels) > 0.9
+    assert _accuracy_of_served_classes(str(tmp_path / "hpml-serving" / "1"), examples, labels) > 0.9
 
 
 def test_every_hpml_component_runs_in_a_tfx_pipeline_that_distils_two_teachers(tmp_path):

@@ -1,0 +1,48 @@
+"""Pusher executor: publish a blessed model as the destination's next version; a model that is not blessed is
+left where it is, and the PushedModel says why."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+from collections.abc import Mapping
+
+from hpml.components import artifacts, files
+from hpml.components.gate.blessing import read_blessing
+from hpml.components.pusher import registry, serving_dir
+from hpml.components.results import RECORD_KEY, RunRecord
+
+log = logging.getLogger(__name__)
+
+
+def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
+    blessing = read_blessing(inputs["model_blessing"])
+    destination = os.path.abspath(params["destination"])
+    if blessing["blessed"]:
+        version = serving_dir.publish(artifacts.serving_model_path(inputs["model"]), destination)
+        result = {"pushed": True, "destination": destination, "version": version,
+                  "path": serving_dir.version_path(destination, version)}
+        log.info("Pusher: published as version %d at %s", version, result["path"])
+        if params["registered_model"]:
+            result["registered_model"] = params["registered_model"]
+            result["registry_version"] = registry.register(params["tracking_uri"], params["registered_model"],
+                                                           destination, version, {})
+            log.info("Pusher: registered as version %d of MLflow model %r, alias %r follows the served version",
+                     result["registry_version"], params["registered_model"], registry.CHAMPION_ALIAS)
+    else:
+        failed = [check["reason"] for check in blessing.get("checks", []) if not check["passed"]]
+        result = {"pushed": False, "destination": destination, "version": None,
+                  "reason": "not blessed" + (f": {'; '.join(failed)}" if failed else ""),
+                  "champion": serving_dir.champion(destination)}
+        log.info("Pusher: nothing pushed (%s); the champion stays version %s", result["reason"], result["champion"])
+    with artifacts.publish(outputs["pushed_model"]) as out_dir:
+        files.write_text(os.path.join(out_dir, artifacts.PUSH_FILE), json.dumps(result, indent=2))
+    tags = {"hpml.pushed": str(result["pushed"]).lower(), "hpml.push_destination": destination}
+    if result["pushed"]:
+        tags["hpml.pushed_version"] = str(result["version"])
+    if result.get("registry_version"):
+        tags["hpml.registered_model"] = f"{result['registered_model']}/{result['registry_version']}"
+    record = RunRecord(metrics={"pushed": int(result["pushed"])}, tags=tags,
+                       files={"pushed_model": (artifacts.PUSH_FILE,)})
+    return {"push": result, RECORD_KEY: record.to_json()}

@@ -1,0 +1,73 @@
+"""The MLflow Model Registry side of a push: each pushed version becomes a version of the registered model, and
+the alias `champion` names the one the serving folder serves.
+
+Registry versions are numbered by MLflow and serving versions by the serving folder; each registry version carries
+its serving version as the tag `serving_version`, and the alias always follows the serving folder's champion,
+so two pushers finishing in either order, or a rollback, leave the two in agreement.
+"""
+from __future__ import annotations
+
+import os
+
+from hpml.components.pusher import serving_dir
+
+CHAMPION_ALIAS = "champion"
+SERVING_VERSION_TAG = "serving_version"
+SERVING_DIR_TAG = "serving_dir"
+
+
+def _client(tracking_uri: str):
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri or None, registry_uri=tracking_uri or None)
+
+
+def register(tracking_uri: str, name: str, destination: str, version: int, tags: dict[str, str]) -> int:
+    """Add serving version `version` of `destination` to the registered model `name`; its registry version."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    try:
+        client.create_registered_model(name, description="Models hpml's Pusher published; the alias "
+                                                         f"{CHAMPION_ALIAS!r} is the one in service.")
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    created = client.create_model_version(
+        name, source=serving_dir.version_path(destination, version),
+        tags={**tags, SERVING_VERSION_TAG: str(version), SERVING_DIR_TAG: destination})
+    sync_champion(tracking_uri, name, destination)
+    return int(created.version)
+
+
+def registry_versions(tracking_uri: str, name: str, destination: str) -> dict[int, int]:
+    """{serving version: registry version} of the registered model's versions pushed to `destination` (empty when
+    the model does not exist)."""
+    client = _client(tracking_uri)
+    found = {}
+    for version in client.search_model_versions(f"name='{name}'"):
+        serving = version.tags.get(SERVING_VERSION_TAG)
+        if serving and serving.isdigit() and version.tags.get(SERVING_DIR_TAG) == destination:
+            found[int(serving)] = int(version.version)
+    return found
+
+
+def champion(tracking_uri: str, name: str) -> int | None:
+    """The registry version the alias names, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return int(_client(tracking_uri).get_model_version_by_alias(name, CHAMPION_ALIAS).version)
+    except MlflowException:
+        return None
+
+
+def sync_champion(tracking_uri: str, name: str, destination: str) -> int | None:
+    """Point the alias at the registry version of the serving folder's champion; the registry version, or None
+    while that version is not registered yet (its pusher moves the alias when it registers it)."""
+    serving = serving_dir.champion(destination)
+    target = registry_versions(tracking_uri, name, destination).get(serving) if serving else None
+    if target is not None:
+        _client(tracking_uri).set_registered_model_alias(name, CHAMPION_ALIAS, str(target))
+    return target

@@ -1,0 +1,148 @@
+"""A serving destination in TF Serving's layout: `<destination>/<version>/` SavedModels, numbered from 1.
+
+TF Serving serves the highest version in the folder; hpml takes that one as the champion. A rollback moves the
+versions above the one it returns to into `_retired/`, where TF Serving does not look and where their numbers
+stay taken: a version number is never given twice.
+
+A version appears whole or not at all: the model is copied into a hidden folder beside the versions, then
+renamed to its number. A rename onto a number another pusher took first fails, so two pushers finishing
+together take the next free numbers in turn.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import socket
+import uuid
+
+from hpml.components import files
+from hpml.components.errors import SpecError
+
+RETIRED_DIR = "_retired"
+_VERSION_RE = re.compile(r"^[1-9][0-9]*$")
+_TMP_PREFIX = ".tmp-push-"
+_MAX_CLAIMS = 1000  # versions another pusher may take while this one retries
+
+
+def _numbers(folder: str) -> list[int]:
+    if not files.isdir(folder):
+        return []
+    return sorted(int(name.rstrip("/")) for name in files.listdir(folder) if _VERSION_RE.match(name.rstrip("/")))
+
+
+def versions(destination: str) -> list[int]:
+    """The versions in service, oldest first."""
+    return _numbers(destination)
+
+
+def retired(destination: str) -> list[int]:
+    """The versions a rollback took out of service, oldest first."""
+    return _numbers(os.path.join(destination, RETIRED_DIR))
+
+
+def version_path(destination: str, version: int) -> str:
+    return os.path.join(destination, str(version))
+
+
+def champion(destination: str) -> int | None:
+    """The version TF Serving serves (the highest in service), or None when nothing was pushed."""
+    live = versions(destination)
+    return live[-1] if live else None
+
+
+def check_writable(destination: str) -> str | None:
+    """A problem that stops a push to `destination`, found before any work is done; None when it can be written."""
+    if files.is_url(destination):
+        return (f"{destination}: the serving destination must be a local folder (or one mounted from shared "
+                f"storage); object-store destinations are not supported yet")
+    path = os.path.abspath(destination)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{destination}: {path} is a file, not a folder"
+    if os.statvfs(path).f_flag & os.ST_RDONLY:
+        return f"{destination}: {path} is on a read-only file system"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{destination}: {path} cannot be written by this user"
+    return None
+
+
+def publish(model_dir: str, destination: str) -> int:
+    """Copy the SavedModel at `model_dir` into `destination` as its next version, whole; the version number."""
+    problem = check_writable(destination)
+    if problem:
+        raise SpecError(problem)
+    os.makedirs(destination, exist_ok=True)
+    _remove_abandoned(destination)
+    staging = os.path.join(destination, f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        files.copy_tree(model_dir, staging)
+        _sync_tree(staging)
+        for _ in range(_MAX_CLAIMS):
+            version = max([0, *versions(destination), *retired(destination)]) + 1
+            try:
+                os.rename(staging, version_path(destination, version))
+            except OSError as err:
+                if err.errno in (errno.ENOTEMPTY, errno.EEXIST):  # another pusher took this number first
+                    continue
+                raise
+            _sync_dir(destination)
+            return version
+        raise SpecError(f"{destination}: no free version number after {_MAX_CLAIMS} tries")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def retire_above(destination: str, version: int) -> list[int]:
+    """Take every version above `version` out of service (into `_retired/`); the versions moved."""
+    if version not in versions(destination):
+        raise SpecError(f"{destination}: version {version} is not in service",
+                        hint=f"versions in service: {versions(destination) or 'none'}")
+    moved = []
+    os.makedirs(os.path.join(destination, RETIRED_DIR), exist_ok=True)
+    for newer in reversed([v for v in versions(destination) if v > version]):
+        os.rename(version_path(destination, newer), os.path.join(destination, RETIRED_DIR, str(newer)))
+        moved.append(newer)
+    _sync_dir(destination)
+    return moved
+
+
+def _remove_abandoned(destination: str) -> None:
+    """Staging folders of pushers on this host that died mid-copy (their pid is gone)."""
+    prefix = f"{_TMP_PREFIX}{socket.gethostname()}-"
+    for name in os.listdir(destination):
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(destination, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sync_tree(root: str) -> None:
+    """Flush every file of a staged version, so that the rename never publishes a file still in the page cache
+    only."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        _sync_dir(folder)
+
+
+def _sync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

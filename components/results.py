@@ -1,0 +1,39 @@
+"""What a component's result adds to the run record: metrics, tags and small files, decided by the component.
+
+An executor returns its properties (JSON, so that Airflow's XCom and TFX's execution properties carry them);
+one that owns its record puts a `RunRecord` there under `RECORD_KEY`, and the run record logs it as it is.
+A new field then touches only the component that produces it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+from collections.abc import Mapping
+
+RECORD_KEY = "record"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Metrics ({name: number}), tags ({name: text}) and, per output, the names of small files to attach."""
+
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metrics": {k: float(v) for k, v in self.metrics.items() if _finite(v)},
+                "tags": {k: str(v) for k, v in self.tags.items()},
+                "files": {k: list(v) for k, v in self.files.items()}}
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, Any]) -> RunRecord:
+        """The record an executor's properties carry; an empty one when it has none."""
+        record = properties.get(RECORD_KEY) or {}
+        return cls(dict(record.get("metrics", {})), dict(record.get("tags", {})),
+                   {k: tuple(v) for k, v in record.get("files", {}).items()})
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,104 @@
+"""Shipping a model: the Gate and Pusher nodes that end a training pipeline, and the parameters they take from
+the run (thresholds, margin, serving folder), which the Airflow form shows.
+
+    PIPELINE = Pipeline(..., params_schema=with_shipping_params(training_params_schema(DATA)),
+                        nodes=(..., *shipping_nodes("my_pipeline", LABEL)))
+"""
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+from collections.abc import Mapping
+
+from hpml.components.gate import GATE
+from hpml.components.pusher import PUSHER
+from hpml.pipelines.dsl import Node, Source
+from hpml.pipelines import records
+from hpml.pipelines.paths import hpml_home
+
+SHIPPING_PARAMS = {
+    "gate_min_accuracy": {
+        "type": "number", "minimum": 0, "maximum": 1, "default": 0.5,
+        "title": "Gate: minimum accuracy",
+        "description": "A model below this accuracy on the eval split is not blessed, so not pushed.",
+    },
+    "gate_margin": {
+        "type": "number", "minimum": 0, "maximum": 1, "default": 0.01,
+        "title": "Gate: margin behind the champion",
+        "description": "How far below the champion's accuracy (the model in service) a new model may be and "
+                       "still be pushed.",
+    },
+    "serving_dir": {
+        "type": ["string", "null"], "maxLength": 4096, "default": None,
+        "title": "Serving folder",
+        "description": "Where blessed models are pushed, as TF Serving reads them (<folder>/<version>/); "
+                       "empty: HPML_HOME/serving/<pipeline>.",
+    },
+}
+
+
+def with_shipping_params(schema: Mapping[str, Any]) -> dict:
+    """`schema` (a training pipeline's parameters) with the gate's and the pusher's added."""
+    extended = copy.deepcopy(dict(schema))
+    extended["properties"] = {**extended["properties"], **copy.deepcopy(SHIPPING_PARAMS)}
+    return extended
+
+
+def serving_dir(pipeline_name: str, params: Mapping[str, Any]) -> str:
+    """The run's serving folder: the one it names, or this pipeline's under HPML_HOME."""
+    return params.get("serving_dir") or os.path.join(hpml_home(), "serving", pipeline_name)
+
+
+def shipping_nodes(pipeline_name: str, label_key: str, examples: Source = ("ExampleGen", "examples"),
+                   schema: Source = ("ExampleGen", "schema"),
+                   model: Source = ("Trainer", "model")) -> tuple[Node, Node]:
+    """Gate (the Trainer's model against thresholds and the champion) and Pusher (publish it when blessed)."""
+    gate = Node(
+        "Gate", GATE,
+        inputs={"examples": examples, "schema": schema, "model": model},
+        params=lambda p: {
+            "label_key": label_key,
+            "thresholds": {"accuracy": p["gate_min_accuracy"]},
+            "margins": {"accuracy": p["gate_margin"]},
+            "champion_from": serving_dir(pipeline_name, p),
+        },
+    )
+    pusher = Node(
+        "Pusher", PUSHER,
+        inputs={"model": model, "model_blessing": ("Gate", "blessing")},
+        params=lambda p: {"destination": serving_dir(pipeline_name, p), "registered_model": pipeline_name,
+                          "tracking_uri": records.tracking_uri()},
+    )
+    return gate, pusher
+
+
+def outcome(outputs: Mapping[str, Mapping[str, str]]) -> dict | None:
+    """{"gate": the Gate's verdict, "push": what the Pusher did} from a run's outputs; None for a run without a
+    gate (or one that stopped before it)."""
+    import json
+
+    from hpml.components import artifacts, files
+
+    found = {}
+    for key, output, name in (("gate", "blessing", artifacts.GATE_FILE),
+                              ("push", "pushed_model", artifacts.PUSH_FILE)):
+        uri = next((out[output] for out in outputs.values() if output in out), None)
+        path = os.path.join(uri, name) if uri else None
+        found[key] = json.loads(files.read_text(path)) if path and files.isfile(path) else None
+    return found if found["gate"] else None
+
+
+def describe(found: Mapping[str, Any]) -> str:
+    """One line: blessed or not and why, and where the model went."""
+    gate, push = found["gate"], found.get("push")
+    failed = [check["reason"] for check in gate["checks"] if not check["passed"]]
+    text = "blessed" if gate["blessed"] else "NOT blessed: " + "; ".join(failed)
+    if push is None:
+        return text + "; the Pusher did not run"
+    if push["pushed"]:
+        registered = (f" (MLflow model {push['registered_model']} version {push['registry_version']}, alias champion)"
+                      if push.get("registry_version") else "")
+        return f"{text}; pushed as version {push['version']} to {push['destination']}{registered}"
+    champion = push.get("champion")
+    return text + "; not pushed" + (f", the champion stays version {champion}" if champion else "")
