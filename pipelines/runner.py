@@ -126,7 +126,8 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
         write_report(context, f"{node.id} is being retried")  # the last one said FAILED
     started = time.perf_counter()
     try:
-        properties = node.component.run(inputs, outputs, node.params(context.params))
+        with _active_run(context.mlflow_run_id):
+            properties = node.component.run(inputs, outputs, node.params(context.params))
     except BaseException as err:
         records.mark_failed(context.mlflow_run_id, node.id, err, prefix)
         if isinstance(err, Exception) and not isinstance(err, Stopped):  # Airflow kills a stopped task in 5 s
@@ -138,6 +139,22 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
         log.debug("%s: %s -> %s", node.id, name, uri)
     log.info("%s: done in %.1fs", node.id, seconds)
     return NodeResult(node.id, outputs, properties, seconds)
+
+
+@contextlib.contextmanager
+def _active_run(mlflow_run_id: str | None):
+    """MLFLOW_RUN_ID names the run record while a component runs: what it logs to MLflow (the Pusher's model)
+    joins the pipeline run."""
+    previous = os.environ.get("MLFLOW_RUN_ID")
+    if mlflow_run_id:
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("MLFLOW_RUN_ID", None)
+        else:
+            os.environ["MLFLOW_RUN_ID"] = previous
 
 
 def finish(context: RunContext) -> str | None:

@@ -67,6 +67,16 @@ def test_a_worse_model_is_held_back_and_the_champion_stays_until_a_better_one_is
     assert found["push"]["version"] == 2 and serving_dir.versions(serving) == [1, 2]
     registered = registry.registry_versions(uri, "penguin", serving)
     assert sorted(registered) == [1, 2] and registry.champion(uri, "penguin") == registered[2]
+    import mlflow
+
+    # The registry holds the model itself, logged to the pipeline run: any MLflow client fetches the champion.
+    client = registry._client(uri)
+    champion = client.get_model_version_by_alias("penguin", "champion")
+    assert champion.run_id == third.mlflow_run_id
+    fetched = mlflow.artifacts.download_artifacts(
+        artifact_uri=client.get_model_version_download_uri("penguin", champion.version),
+        dst_path=str(tmp_path / "fetched"), tracking_uri=uri)
+    assert _loads_penguin(fetched) == _loads_penguin(f"{serving}/2")
 
     # Everywhere the run shows, it says whether the model was blessed and why.
     from rich.console import Console
@@ -99,6 +109,18 @@ def test_a_worse_model_is_held_back_and_the_champion_stays_until_a_better_one_is
     assert listed["2"][0] == "retired" and listed["2"][-1] == str(registered[2]), rollback.stdout
     assert serving_dir.versions(serving) == [1] and serving_dir.retired(serving) == [2]
     assert registry.champion(uri, "penguin") == registered[1]
+
+
+def _loads_penguin(folder: str) -> list:
+    """The classes a SavedModel predicts for the eval split of a fixed penguin (a fingerprint of its weights)."""
+    import tensorflow as tf
+
+    example = tf.train.Example(features=tf.train.Features(feature={
+        "island": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"Biscoe"])),
+        "bill_length_mm": tf.train.Feature(float_list=tf.train.FloatList(value=[45.0])),
+        "year": tf.train.Feature(int64_list=tf.train.Int64List(value=[2008]))})).SerializeToString()
+    return tf.saved_model.load(folder).signatures["serving_default"](
+        examples=tf.constant([example]))["probabilities"].numpy().round(6).tolist()
 
 
 def _tiny_saved_model(folder: str, padding_bytes: int = 0) -> str:

@@ -26,8 +26,9 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
         log.info("Pusher: published as version %d at %s", version, result["path"])
         if params["registered_model"]:
             result["registered_model"] = params["registered_model"]
+            # MLFLOW_RUN_ID: MLflow's variable for the active run; hpml's runner sets it to the pipeline run's.
             result["registry_version"] = registry.register(params["tracking_uri"], params["registered_model"],
-                                                           destination, version, {})
+                                                           destination, version, os.environ.get("MLFLOW_RUN_ID"))
             log.info("Pusher: registered as version %d of MLflow model %r, alias %r follows the served version",
                      result["registry_version"], params["registered_model"], registry.CHAMPION_ALIAS)
     else:

@@ -23,8 +23,13 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri or None, registry_uri=tracking_uri or None)
 
 
-def register(tracking_uri: str, name: str, destination: str, version: int, tags: dict[str, str]) -> int:
-    """Add serving version `version` of `destination` to the registered model `name`; its registry version."""
+def register(tracking_uri: str, name: str, destination: str, version: int, run_id: str | None) -> int:
+    """Add serving version `version` of `destination` to the registered model `name`; its registry version.
+
+    The model's files are logged to the MLflow run `run_id` (the pipeline run's; a run of its own where there is
+    none), and the registry version points there: a tracking server accepts no local path as a source, and any
+    MLflow client can then fetch `models:/<name>@champion`.
+    """
     from mlflow.exceptions import MlflowException
 
     client = _client(tracking_uri)
@@ -34,9 +39,18 @@ def register(tracking_uri: str, name: str, destination: str, version: int, tags:
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
+    own_run = not run_id
+    if own_run:
+        experiment = client.get_experiment_by_name(name)
+        run_id = client.create_run(experiment.experiment_id if experiment else client.create_experiment(name),
+                                   run_name=f"push {version}").info.run_id
+    artifact_path = f"pushed_model/{version}"
+    client.log_artifacts(run_id, serving_dir.version_path(destination, version), artifact_path)
+    if own_run:
+        client.set_terminated(run_id)
     created = client.create_model_version(
-        name, source=serving_dir.version_path(destination, version),
-        tags={**tags, SERVING_VERSION_TAG: str(version), SERVING_DIR_TAG: destination})
+        name, source=f"runs:/{run_id}/{artifact_path}", run_id=run_id,
+        tags={SERVING_VERSION_TAG: str(version), SERVING_DIR_TAG: destination})
     sync_champion(tracking_uri, name, destination)
     return int(created.version)
 
