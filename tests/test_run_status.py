@@ -58,7 +58,7 @@ def test_a_finished_runs_status_names_its_components_report_and_how_to_open_it(p
     status = run_status.status(found)
     assert status["status"] == "FINISHED" and status["report"] is True and status["training"] == {}
     assert [(c["node"], c["state"]) for c in status["components"]] == [
-        ("ExampleGen", "done"), ("Transform", "done"), ("Trainer", "done")]
+        ("ExampleGen", "done"), ("Transform", "done"), ("Trainer", "done"), ("Gate", "done"), ("Pusher", "done")]
     assert all(c["seconds"] > 0 for c in status["components"])
     assert status["tensorboard"].startswith("tensorboard --logdir '") and "Trainer/model_run" in status["tensorboard"]
     assert status["mlflow_url"] is None, "a SQLite store has no UI to link to"
