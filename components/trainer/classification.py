@@ -14,16 +14,28 @@ from hpml.components import files
 from hpml.components.artifacts import CLASSIFICATION_FILE
 
 
+def confusion_matrix(model, dataset, classes: int, steps: int | None = None):
+    """[actual, predicted] counts of `model` over (features, labels) batches of `dataset` (labels are class ids,
+    outputs probabilities or logits), in one compiled pass: no Python runs per batch."""
+    import tensorflow as tf
+
+    batches = dataset.take(steps) if steps else dataset
+
+    @tf.function
+    def count():
+        total = tf.zeros((classes, classes), dtype=tf.int64)
+        for features, labels in batches:
+            predicted = tf.argmax(model(features, training=False), axis=-1, output_type=tf.int64)
+            total += tf.math.confusion_matrix(tf.reshape(tf.cast(labels, tf.int64), [-1]),
+                                              tf.reshape(predicted, [-1]), num_classes=classes, dtype=tf.int64)
+        return total
+
+    return np.asarray(count())
+
+
 def classification_report(model, dataset, class_names: list[str], steps: int | None = None) -> dict:
     """Score `model` on (features, labels) batches of `dataset` (labels are class ids, outputs probabilities)."""
-    classes = len(class_names)
-    confusion = np.zeros((classes, classes), dtype=np.int64)
-    for step, (features, labels) in enumerate(dataset):
-        if steps and step >= steps:
-            break
-        predicted = np.argmax(np.asarray(model(features, training=False)), axis=-1).reshape(-1)
-        actual = np.asarray(labels).reshape(-1).astype(np.int64)
-        np.add.at(confusion, (actual, predicted), 1)
+    confusion = confusion_matrix(model, dataset, len(class_names), steps)
     rows = []
     for i, name in enumerate(class_names):
         true_positive = int(confusion[i, i])

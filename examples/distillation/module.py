@@ -84,8 +84,8 @@ def run_fn(fn_args):
     import tf_keras
 
     from hpml.v1 import (build_distiller, distillation_config, distillation_schema, epoch_size, export_serving_model,
-                         make_strategy, resume_training_data, standard_callbacks, student_for_serving,
-                         tune_training_step, write_eval_metrics)
+                         final_eval_metrics, make_strategy, resume_training_data, standard_callbacks,
+                         student_for_serving, tune_training_step, write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -131,9 +131,9 @@ def run_fn(fn_args):
     eval_steps = fn_args.eval_steps or epoch_size(evaluation)[0]  # several steps per call need validation's count
     callbacks = standard_callbacks(fn_args, strategy_name, batch, epochs, config.get("backup_save_freq", "epoch"),
                                    examples_per_epoch=examples)
-    model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=evaluation,
-              validation_steps=eval_steps, callbacks=callbacks, verbose=0)
-    results = model.evaluate(evaluation, steps=eval_steps, verbose=0, return_dict=True)
+    history = model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=evaluation,
+                        validation_steps=eval_steps, callbacks=callbacks, verbose=0)
+    results = final_eval_metrics(model, evaluation, eval_steps, history)
     write_eval_metrics(fn_args.model_run_dir, dict(results, params=student.count_params()))
     export_serving_model(student_for_serving(student), tft_output, fn_args.serving_model_dir,
                          LABEL_KEY, class_names=CLASS_NAMES)

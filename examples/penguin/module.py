@@ -197,9 +197,9 @@ def run_fn(fn_args):
     """Train the model under the planned strategy and export it for serving raw tf.Examples."""
     import tf_keras
 
-    from hpml.v1 import (CoordinatorValidation, InputStallProbe, epoch_size, export_serving_model, make_strategy,
-                         record_pipeline_schedule, resume_training_data, standard_callbacks,
-                         tune_training_step, write_classification_report, write_eval_metrics)
+    from hpml.v1 import (CoordinatorValidation, InputStallProbe, epoch_size, export_serving_model,
+                         final_eval_metrics, make_strategy, record_pipeline_schedule, resume_training_data,
+                         standard_callbacks, tune_training_step, write_classification_report, write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -234,7 +234,7 @@ def run_fn(fn_args):
             fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None))
         local = build_model(tf_transform_output, hp["learning_rate"], label_stats=stats)  # evaluates, exports
         callbacks.insert(0, CoordinatorValidation(local, evaluation, eval_steps))
-        model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        history = model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, callbacks=callbacks, verbose=0)
         local.set_weights([v.numpy() for v in model.weights])
         model = local
     else:
@@ -257,12 +257,12 @@ def run_fn(fn_args):
         # The share of a step that waits on input, measured on the twin once the first epoch is over: the run's
         # live view shows it while the rest trains
         callbacks.append(InputStallProbe(twin, fn_args, steps_per_epoch=steps))
-        model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
-                  validation_steps=eval_steps, callbacks=callbacks, verbose=0)
+        history = model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
+                            validation_steps=eval_steps, callbacks=callbacks, verbose=0)
     if strategy_name == "gpipe":
         record_pipeline_schedule(model, next(iter(evaluation)), fn_args.model_run_dir)
-    results = model.evaluate(evaluation, steps=eval_steps, verbose=0, return_dict=True)
-    write_eval_metrics(fn_args.model_run_dir, results)
+    # The last epoch's validation ran on these weights: its numbers are the eval metrics, with no second pass
+    write_eval_metrics(fn_args.model_run_dir, final_eval_metrics(model, evaluation, eval_steps, history))
     if TASK == "classification":
         class_names = [c.decode() if isinstance(c, bytes) else c
                        for c in tf_transform_output.vocabulary_by_name(LABEL_KEY)]

@@ -54,6 +54,7 @@ _EXPORTS = {
     "tune_training_step": "hpml.components.trainer.step_tuning:tune_training_step",
     "export_serving_model": "hpml.components.trainer.export:export_serving_model",
     "write_eval_metrics": "hpml.components.trainer.export:write_eval_metrics",
+    "final_eval_metrics": "hpml.components.trainer.evaluation:final_eval_metrics",
     "write_classification_report": "hpml.components.trainer.classification:write_classification_report",
     "GradientAccumulationModel": "hpml.components.trainer.grad_accum:GradientAccumulationModel",
     "ModelMemory": "hpml.components.trainer.plan:ModelMemory",

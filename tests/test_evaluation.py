@@ -1,0 +1,78 @@
+"""The Trainer's eval after fit: the final epoch's validation stands for model.evaluate, and the confusion matrix
+comes from one compiled pass; both must equal the plain computations they replace."""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from hpml.components.trainer.classification import classification_report, confusion_matrix
+from hpml.components.trainer.evaluation import final_eval_metrics, validated_in_fit
+
+CLASSES = 3
+
+
+def _data(n=203, batch=16, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    y = (np.argmax(x[:, :CLASSES], axis=1)).reshape(-1, 1).astype("int64")
+    return x, y, tf.data.Dataset.from_tensor_slices(({"x": x}, y)).batch(batch)
+
+
+def _model(steps_per_execution=1):
+    tf_keras.utils.set_random_seed(1)
+    inputs = tf_keras.Input(shape=(4,), name="x")
+    outputs = tf_keras.layers.Dense(CLASSES, activation="softmax")(tf_keras.layers.Dense(8, "relu")(inputs))
+    model = tf_keras.Model({"x": inputs}, outputs)
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    return model
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_the_final_epochs_validation_is_what_evaluate_gives(steps_per_execution):
+    _, _, data = _data()
+    model = _model(steps_per_execution)
+    history = model.fit(data, epochs=3, validation_data=data, validation_steps=13, verbose=0)
+    taken = validated_in_fit(model, history)
+    evaluated = model.evaluate(data, steps=13, verbose=0, return_dict=True)
+    assert set(taken) == {"loss", "accuracy"}
+    for name, value in evaluated.items():
+        assert taken[name] == pytest.approx(value, rel=1e-6), name
+    assert final_eval_metrics(model, data, 13, history) == taken
+
+
+def test_evaluate_runs_where_fit_validated_nothing_final():
+    _, _, data = _data()
+    model = _model()
+    without_validation = model.fit(data, epochs=2, verbose=0)
+    assert validated_in_fit(model, without_validation) is None
+    # every epoch already done (as in a run resumed from a backup taken after its last epoch): fit runs none
+    nothing_run = model.fit(data, epochs=2, initial_epoch=2, validation_data=data, verbose=0)
+    assert validated_in_fit(model, nothing_run) is None
+    # validation every other epoch: the final epoch's is missing
+    skipped = model.fit(data, epochs=3, validation_data=data, validation_freq=2, verbose=0)
+    assert validated_in_fit(model, skipped) is None
+    evaluated = model.evaluate(data, verbose=0, return_dict=True)
+    for history in (None, without_validation, nothing_run, skipped):
+        assert final_eval_metrics(model, data, None, history) == pytest.approx(evaluated, rel=1e-6)
+
+
+@pytest.mark.parametrize("steps", [None, 5])
+def test_compiled_confusion_matrix_equals_counting_predictions(steps):
+    x, y, data = _data()
+    model = _model()
+    model.fit(data, epochs=2, verbose=0)
+    rows = len(x) if steps is None else 16 * steps
+    predicted = np.argmax(model.predict(x[:rows], verbose=0), axis=1)
+    expected = np.zeros((CLASSES, CLASSES), dtype=np.int64)
+    np.add.at(expected, (y[:rows, 0], predicted), 1)
+    assert expected.sum() == rows and np.count_nonzero(expected - np.diag(np.diag(expected))) > 0
+    np.testing.assert_array_equal(confusion_matrix(model, data, CLASSES, steps), expected)
+    report = classification_report(model, data, ["a", "b", "c"], steps)
+    assert report["examples"] == rows and report["confusion_matrix"] == expected.tolist()
+    correct = np.trace(expected)
+    assert sum(row["recall"] * row["support"] for row in report["per_class"]) == pytest.approx(correct)
