@@ -216,11 +216,9 @@ def render_pipeline(profile: CsvProfile, name: str) -> str:
 
 
 def _shipping(profile: CsvProfile, name: str) -> dict[str, str]:
-    """A classifier's pipeline ends with the Gate and the Pusher; the gate has no metrics for a regressor yet."""
-    ships = profile.task == "classification"
-    names = ["EXAMPLE_GEN", "TRAINER", "TRAINING_CHECKS", "TRANSFORM", "Node", "Pipeline",
-             *(["shipping_nodes"] if ships else []), "step_hyperparameters", "training_params_schema",
-             *(["with_shipping_params"] if ships else [])]
+    """The pipeline ends with the Gate and the Pusher: a classifier gated on accuracy, a regressor on R^2."""
+    names = ["EXAMPLE_GEN", "TRAINER", "TRAINING_CHECKS", "TRANSFORM", "Node", "Pipeline", "shipping_nodes",
+             "step_hyperparameters", "training_params_schema", "with_shipping_params"]
     lines, line = [], "from hpml.v1 import ("
     for index, imported in enumerate(names):
         piece = imported + (", " if index < len(names) - 1 else ")")
@@ -228,10 +226,11 @@ def _shipping(profile: CsvProfile, name: str) -> dict[str, str]:
             lines.append(line.rstrip())
             line = " " * len("from hpml.v1 import (")
         line += piece
-    return {"CHAIN": "ExampleGen -> Transform -> Trainer" + (" -> Gate -> Pusher" if ships else ""),
+    task = "" if profile.task == "classification" else ', task="regression"'
+    return {"CHAIN": "ExampleGen -> Transform -> Trainer -> Gate -> Pusher",
             "IMPORTS": "\n".join([*lines, line]),
-            "SCHEMA": "with_shipping_params(training_params_schema(DATA))" if ships else "training_params_schema(DATA)",
-            "SHIPPING": f'        *shipping_nodes("{name}", LABEL),\n' if ships else ""}
+            "SCHEMA": f"with_shipping_params(training_params_schema(DATA){task})",
+            "SHIPPING": f'        *shipping_nodes("{name}", LABEL{task}),\n'}
 
 
 def init_project(name: str, csv_path: str, label: str, directory: str = ".", dags_folder: str | None = None,

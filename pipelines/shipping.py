@@ -3,6 +3,8 @@ the run (thresholds, margin, serving folder), which the Airflow form shows.
 
     PIPELINE = Pipeline(..., params_schema=with_shipping_params(training_params_schema(DATA)),
                         nodes=(..., *shipping_nodes("my_pipeline", LABEL)))
+
+A regressor's pipeline passes `task="regression"` to both.
 """
 from __future__ import annotations
 
@@ -17,6 +19,12 @@ from hpml.pipelines.dsl import Node, Source
 from hpml.pipelines import records
 from hpml.pipelines.paths import hpml_home
 
+_SERVING_DIR = {
+    "type": ["string", "null"], "maxLength": 4096, "default": None,
+    "title": "Serving folder",
+    "description": "Where blessed models are pushed, as TF Serving reads them (<folder>/<version>/); "
+                   "empty: HPML_HOME/serving/<pipeline>.",
+}
 SHIPPING_PARAMS = {
     "gate_min_accuracy": {
         "type": "number", "minimum": 0, "maximum": 1, "default": 0.5,
@@ -29,19 +37,39 @@ SHIPPING_PARAMS = {
         "description": "How far below the champion's accuracy (the model in service) a new model may be and "
                        "still be pushed.",
     },
-    "serving_dir": {
-        "type": ["string", "null"], "maxLength": 4096, "default": None,
-        "title": "Serving folder",
-        "description": "Where blessed models are pushed, as TF Serving reads them (<folder>/<version>/); "
-                       "empty: HPML_HOME/serving/<pipeline>.",
-    },
+    "serving_dir": _SERVING_DIR,
 }
+# A regressor's gate works on R^2, which needs no knowledge of the label's scale: 0 is what predicting the mean
+# scores, so the default threshold refuses a model no better than that.
+REGRESSION_SHIPPING_PARAMS = {
+    "gate_min_r2": {
+        "type": "number", "minimum": -1000, "maximum": 1, "default": 0.0,
+        "title": "Gate: minimum R\u00b2",
+        "description": "A model whose R\u00b2 on the eval split is below this is not blessed, so not pushed "
+                       "(0: no better than predicting the mean label).",
+    },
+    "gate_margin": {
+        "type": "number", "minimum": 0, "maximum": 1, "default": 0.01,
+        "title": "Gate: margin behind the champion",
+        "description": "How far below the champion's R\u00b2 (the model in service) a new model may be and "
+                       "still be pushed.",
+    },
+    "serving_dir": _SERVING_DIR,
+}
+TASKS = ("classification", "regression")
 
 
-def with_shipping_params(schema: Mapping[str, Any]) -> dict:
-    """`schema` (a training pipeline's parameters) with the gate's and the pusher's added."""
+def _check_task(task: str) -> None:
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+
+
+def with_shipping_params(schema: Mapping[str, Any], task: str = "classification") -> dict:
+    """`schema` (a training pipeline's parameters) with the gate's and the pusher's for a model of `task` added."""
+    _check_task(task)
+    added = SHIPPING_PARAMS if task == "classification" else REGRESSION_SHIPPING_PARAMS
     extended = copy.deepcopy(dict(schema))
-    extended["properties"] = {**extended["properties"], **copy.deepcopy(SHIPPING_PARAMS)}
+    extended["properties"] = {**extended["properties"], **copy.deepcopy(added)}
     return extended
 
 
@@ -52,15 +80,19 @@ def serving_dir(pipeline_name: str, params: Mapping[str, Any]) -> str:
 
 def shipping_nodes(pipeline_name: str, label_key: str, examples: Source = ("ExampleGen", "examples"),
                    schema: Source = ("ExampleGen", "schema"),
-                   model: Source = ("Trainer", "model")) -> tuple[Node, Node]:
-    """Gate (the Trainer's model against thresholds and the champion) and Pusher (publish it when blessed)."""
+                   model: Source = ("Trainer", "model"), task: str = "classification") -> tuple[Node, Node]:
+    """Gate (the Trainer's model against thresholds and the champion) and Pusher (publish it when blessed).
+    A classifier is gated on accuracy (`gate_min_accuracy`), a regressor on R^2 (`gate_min_r2`); both within
+    `gate_margin` of the champion. The run's parameters come from `with_shipping_params` for the same task."""
+    _check_task(task)
+    metric, minimum = ("accuracy", "gate_min_accuracy") if task == "classification" else ("r2", "gate_min_r2")
     gate = Node(
         "Gate", GATE,
         inputs={"examples": examples, "schema": schema, "model": model},
         params=lambda p: {
             "label_key": label_key,
-            "thresholds": {"accuracy": p["gate_min_accuracy"]},
-            "margins": {"accuracy": p["gate_margin"]},
+            "thresholds": {metric: p[minimum]},
+            "margins": {metric: p["gate_margin"]},
             "champion_from": serving_dir(pipeline_name, p),
         },
     )

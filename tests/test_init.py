@@ -207,7 +207,7 @@ def test_a_generated_regression_pipeline_runs_locally_and_its_dag_file_loads(tmp
     and Airflow's DagBag imports the DAG file that init wrote into a dags_folder."""
     import tensorflow as tf
 
-    from hpml.pipelines import records
+    from hpml.pipelines import records, shipping
     from hpml.v1 import load_pipeline, run_local
 
     monkeypatch.setenv("HPML_DATA_ROOTS", str(tmp_path))
@@ -220,10 +220,27 @@ def test_a_generated_regression_pipeline_runs_locally_and_its_dag_file_loads(tmp
     pipeline = load_pipeline(written["pipeline"])
     context = run_local(pipeline, {"epochs": 25, "learning_rate": 0.05, "batch_size": 16})
     summary = records.load(context.mlflow_run_id)
-    assert list(summary.durations) == ["ExampleGen", "Transform", "Trainer"]
+    assert list(summary.durations) == ["ExampleGen", "Transform", "Trainer", "Gate", "Pusher"]
     labels = [float(row["price"]) for row in csv.DictReader(open(data, encoding="utf-8"))]
     spread = (sum((v - sum(labels) / len(labels)) ** 2 for v in labels) / len(labels)) ** 0.5
     assert summary.eval_metrics["mae"] < 0.25 * spread, (summary.eval_metrics, spread)
+    # The gate scores the regressor through its serving signature on the raw eval split: the Trainer's own eval
+    # numbers, and an R^2 well above the threshold of predicting the mean; the model is pushed as version 1.
+    shipped = shipping.outcome(summary.outputs)
+    (check,) = shipped["gate"]["checks"]
+    scores = shipped["gate"]["scores"]["candidate"]
+    assert check["metric"] == "r2" and check["threshold"] == 0.0 and shipped["gate"]["blessed"], shipped
+    assert scores["loss"] == pytest.approx(summary.eval_metrics["loss"], rel=1e-3)
+    assert scores["mae"] == pytest.approx(summary.eval_metrics["mae"], rel=1e-3)
+    assert 0.5 < scores["r2"] < 1, scores
+    assert shipped["push"]["pushed"] and shipped["push"]["version"] == 1
+    # One epoch at a learning rate that leaves the network untrained predicts about the mean: not blessed.
+    worse = records.load(run_local(pipeline, {"epochs": 1, "learning_rate": 1e-6, "batch_size": 16}).mlflow_run_id)
+    held = shipping.outcome(worse.outputs)
+    assert not held["gate"]["blessed"] and held["gate"]["champion"]["version"] == 1, held
+    assert held["gate"]["scores"]["candidate"]["r2"] < scores["r2"] - 0.01
+    assert held["gate"]["scores"]["champion"] == pytest.approx(scores, rel=1e-6)
+    assert not held["push"]["pushed"] and "r2" in shipping.describe(held)
     served = tf.saved_model.load(os.path.join(summary.outputs["Trainer"]["model"], "Format-Serving"))
     feature = {f"x{i}": tf.train.Feature(float_list=tf.train.FloatList(value=[5.0])) for i in range(10)}
     feature["city"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"Oslo"]))
@@ -240,8 +257,9 @@ def test_a_generated_regression_pipeline_runs_locally_and_its_dag_file_loads(tmp
     bag = DagBag(dag_folder=str(dags))
     assert not bag.import_errors, bag.import_errors
     dag = bag.get_dag("prices")
-    assert [t.task_id for t in dag.tasks] == ["start_run", "ExampleGen", "Transform", "Trainer", "finish_run"]
-    assert dag.params["data_path"] == str(Path(data).resolve())
+    assert [t.task_id for t in dag.tasks] == ["start_run", "ExampleGen", "Transform", "Trainer", "Gate", "Pusher",
+                                                "finish_run"]
+    assert dag.params["data_path"] == str(Path(data).resolve()) and dag.params["gate_min_r2"] == 0.0
 
 
 def test_an_unknown_pipeline_names_the_ways_to_find_one(tmp_path):

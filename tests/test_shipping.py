@@ -246,7 +246,7 @@ def test_bad_gate_and_pusher_parameters_fail_before_anything_runs(tmp_path, peng
     with pytest.raises(SpecError, match=r"^Pusher: parameter 'destination': .*/hostname is a file, not a folder"):
         PIPELINE.validate({"serving_dir": "/etc/hostname/models"})
     with pytest.raises(SpecError, match=r"Gate: parameter 'thresholds': names metric 'auc', which the gate does "
-                                        r"not compute; it computes accuracy, loss"):
+                                        r"not compute; it computes accuracy, loss, mae, r2"):
         GATE.resolve_params({"label_key": "species", "thresholds": {"auc": 0.9}})
     pipeline = Pipeline(
         name="gated", params_schema={"type": "object", "properties": {}},
@@ -277,6 +277,13 @@ def test_the_gate_scores_both_models_on_the_same_examples_in_one_pass(penguin_ou
     assert blessing["scores"]["candidate"]["loss"] == pytest.approx(metrics["loss"], rel=1e-3)
     assert blessing["blessed"] and sorted(os.listdir(out)) == [artifacts.BLESSED_FILE, artifacts.GATE_FILE]
     assert np.isclose(blessing["examples"], sum(1 for _ in _eval_records(penguin_outputs)))
+    # A regressor's metric asked of a classifier is refused before any example is read, and nothing is published.
+    refused = str(tmp_path / "refused")
+    with pytest.raises(SpecError, match=r"^Gate: r2 is not a metric of a classifier$") as refusal:
+        GATE.run({"examples": penguin_outputs["ExampleGen"]["examples"], "schema": penguin_outputs["ExampleGen"][
+            "schema"], "model": penguin_outputs["Trainer"]["model"]}, {"blessing": refused},
+                 {"label_key": "species", "thresholds": {"r2": 0.0}})
+    assert refusal.value.hint == "a classifier's metrics: accuracy, loss" and not os.path.exists(refused)
 
 
 def _eval_records(outputs: dict):

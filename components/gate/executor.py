@@ -34,7 +34,7 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
     if champion:
         models["champion"] = champion[0]
     count, scored = scoring.score(inputs["examples"], inputs["schema"], params["split"], params["label_key"],
-                                  models, params["batch_size"])
+                                  models, params["batch_size"], {*params["thresholds"], *params["margins"]})
     checks = verdict(scored["candidate"], scored.get("champion"), params["thresholds"], params["margins"])
     blessed = all(check["passed"] for check in checks)
     result = {"blessed": blessed, "split": params["split"], "examples": count,

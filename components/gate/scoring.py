@@ -1,5 +1,5 @@
-"""Score classifiers on one split of raw tf.Examples, in one pass: each batch is read once and goes through
-every model's serving signature (parse, transform and model, as a client calls it)."""
+"""Score classifiers or regressors on one split of raw tf.Examples, in one pass: each batch is read once and goes
+through every model's serving signature (parse, transform and model, as a client calls it)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -7,24 +7,21 @@ from collections.abc import Mapping
 from hpml.components import artifacts, files
 from hpml.components.errors import InputDataError, SpecError
 
-# The metrics the gate computes, and which way is better.
-HIGHER_IS_BETTER = {"accuracy": True, "loss": False}
+# The metrics the gate computes, and which way is better: a classifier's accuracy and log loss; a regressor's mean
+# squared error (its loss), mean absolute error and R^2 (1 - its squared error over the eval labels' variance: 0 is
+# no better than predicting the mean, whatever the label's scale).
+HIGHER_IS_BETTER = {"accuracy": True, "loss": False, "mae": False, "r2": True}
+CLASSIFIER_METRICS = ("accuracy", "loss")
+REGRESSOR_METRICS = ("loss", "mae", "r2")
 _PROBABILITY_FLOOR = 1e-7  # the loss of a probability of 0 is large, not infinite
 
 
-class _Model:
-    """One SavedModel's serving signature and the class name of each probability column."""
+class _Classifier:
+    """A classifier's serving signature, the class name of each probability column, and its running sums."""
 
-    def __init__(self, name: str, serving: str):
-        import tensorflow as tf
+    kind, computes = "classifier", CLASSIFIER_METRICS
 
-        if not files.isfile(f"{serving}/saved_model.pb"):
-            raise SpecError(f"Gate: the {name} model has no SavedModel at {serving}")
-        loaded = tf.saved_model.load(serving)
-        if artifacts.CLASS_NAMES_SIGNATURE not in loaded.signatures:
-            raise SpecError(f"Gate: the {name} model at {serving} has no {artifacts.CLASS_NAMES_SIGNATURE!r} "
-                            "signature, so its probability columns cannot be matched with labels",
-                            hint="export it with export_serving_model(..., class_names=...)")
+    def __init__(self, name: str, loaded):
         self.name = name
         self.loaded = loaded  # keeps the signature's variables alive
         self.signature = loaded.signatures["serving_default"]
@@ -32,9 +29,10 @@ class _Model:
         self.correct = 0
         self.log_loss = 0.0
 
-    def add(self, serialized, labels) -> None:
+    def add(self, serialized, label) -> None:
         import tensorflow as tf
 
+        labels = label if label.dtype == tf.string else tf.strings.as_string(label)
         probabilities = self.signature(examples=serialized)["probabilities"]
         matches = tf.equal(labels[:, None], self.class_names[None, :])
         label_probability = tf.reduce_sum(tf.where(matches, probabilities, 0.0), axis=1)
@@ -44,6 +42,65 @@ class _Model:
 
     def metrics(self, count: int) -> dict[str, float]:
         return {"accuracy": self.correct / count, "loss": self.log_loss / count}
+
+
+class _Regressor:
+    """A regressor's serving signature (`predictions`) and the sums its errors and R^2 come from."""
+
+    kind, computes = "regressor", REGRESSOR_METRICS
+
+    def __init__(self, name: str, loaded):
+        self.name = name
+        self.loaded = loaded
+        self.signature = loaded.signatures["serving_default"]
+        self.squared = self.absolute = self.label_sum = self.label_squares = 0.0
+
+    def add(self, serialized, label) -> None:
+        import tensorflow as tf
+
+        actual = tf.cast(tf.reshape(label, [-1]), tf.float64)
+        error = tf.cast(tf.reshape(self.signature(examples=serialized)["predictions"], [-1]), tf.float64) - actual
+        self.squared += float(tf.reduce_sum(tf.square(error)))
+        self.absolute += float(tf.reduce_sum(tf.abs(error)))
+        self.label_sum += float(tf.reduce_sum(actual))
+        self.label_squares += float(tf.reduce_sum(tf.square(actual)))
+
+    def metrics(self, count: int) -> dict[str, float]:
+        spread = self.label_squares - self.label_sum ** 2 / count  # the squared error of predicting the mean
+        r2 = 1.0 - self.squared / spread if spread > 0 else (1.0 if self.squared == 0 else float("-inf"))
+        return {"loss": self.squared / count, "mae": self.absolute / count, "r2": r2}
+
+
+def _load(name: str, serving: str):
+    """The model at `serving` as a scorer of its kind: a classifier (it names its classes) or a regressor."""
+    import tensorflow as tf
+
+    if not files.isfile(f"{serving}/saved_model.pb"):
+        raise SpecError(f"Gate: the {name} model has no SavedModel at {serving}")
+    loaded = tf.saved_model.load(serving)
+    if artifacts.CLASS_NAMES_SIGNATURE in loaded.signatures:
+        return _Classifier(name, loaded)
+    outputs = loaded.signatures["serving_default"].structured_outputs if "serving_default" in loaded.signatures \
+        else {}
+    if "predictions" in outputs:
+        return _Regressor(name, loaded)
+    raise SpecError(f"Gate: the {name} model at {serving} is neither a classifier with a "
+                    f"{artifacts.CLASS_NAMES_SIGNATURE!r} signature nor a regressor whose serving_default returns "
+                    "'predictions'", hint="export it with export_serving_model(..., class_names=...) or "
+                                          "export_serving_model(..., regression=True)")
+
+
+def require_metrics(scorers, metrics) -> None:
+    """Every metric the gate is asked to check must be one these models compute, and the models of one kind."""
+    kinds = {scorer.kind for scorer in scorers}
+    if len(kinds) > 1:
+        raise SpecError("Gate: the candidate and the champion are not the same kind of model ("
+                        + ", ".join(f"{scorer.name} is a {scorer.kind}" for scorer in scorers) + ")",
+                        hint="push a model of another kind to a serving folder of its own")
+    lacking = sorted(set(metrics) - set(scorers[0].computes))
+    if lacking:
+        raise SpecError(f"Gate: {', '.join(lacking)} is not a metric of a {scorers[0].kind}",
+                        hint=f"a {scorers[0].kind}'s metrics: {', '.join(scorers[0].computes)}")
 
 
 def _label_feature(schema_uri: str, label_key: str):
@@ -62,22 +119,23 @@ def _label_feature(schema_uri: str, label_key: str):
 
 
 def score(examples_uri: str, schema_uri: str, split: str, label_key: str, models: Mapping[str, str],
-          batch_size: int) -> tuple[int, dict[str, dict[str, float]]]:
-    """(examples scored, {model name: {metric: value}}) for the named serving SavedModels on `split`."""
+          batch_size: int, metrics=()) -> tuple[int, dict[str, dict[str, float]]]:
+    """(examples scored, {model name: {metric: value}}) for the named serving SavedModels on `split`; `metrics`,
+    the ones the verdict will check, are checked against what the models compute before any example is read."""
     import tensorflow as tf
 
     pattern = artifacts.examples_file_pattern(examples_uri, split)
     shards = artifacts.require_files(pattern, f"Gate: split {split!r}")
     label_spec = {label_key: _label_feature(schema_uri, label_key)}
-    scored = [_Model(name, uri) for name, uri in models.items()]
+    scored = [_load(name, uri) for name, uri in models.items()]
+    require_metrics(scored, metrics)
     count = 0
     batches = tf.data.TFRecordDataset(shards, compression_type="GZIP").batch(batch_size)
     try:
         for serialized in batches:
             label = tf.io.parse_example(serialized, label_spec)[label_key]
-            labels = label if label.dtype == tf.string else tf.strings.as_string(label)
             for model in scored:
-                model.add(serialized, labels)
+                model.add(serialized, label)
             count += int(serialized.shape[0])
     except tf.errors.InvalidArgumentError as err:
         raise InputDataError(f"Gate: {pattern}: an example's label {label_key!r} is missing or not one value "

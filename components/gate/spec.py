@@ -17,9 +17,9 @@ def metric_bounds(what: str):
                         f"{', '.join(sorted(HIGHER_IS_BETTER))}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
                 return f"{what} for {metric!r} must be a number, got {value!r}"
-            if metric == "accuracy" and value > 1:
-                return f"{what} for {metric!r} must be between 0 and 1, got {value!r}"
-            if value < 0:
+            if metric == "accuracy" and value > 1 or metric == "r2" and what == "threshold" and value > 1:
+                return f"{what} for {metric!r} must be at most 1, got {value!r}"
+            if value < 0 and not (metric == "r2" and what == "threshold"):  # R^2 below 0 is worse than the mean
                 return f"{what} for {metric!r} must not be negative, got {value!r}"
         return None
 
@@ -36,7 +36,7 @@ GATE = ComponentSpec(
         "label_key": Parameter(str, check=non_empty, help="the raw label feature, compared with each model's classes"),
         "split": Parameter(str, "eval", check=non_empty),
         "thresholds": Parameter(dict, {"accuracy": 0.5}, check=metric_bounds("threshold"),
-                                help="{metric: bound}: accuracy at least, loss at most"),
+                                help="{metric: bound}: accuracy or r2 at least, loss or mae at most"),
         "margins": Parameter(dict, {"accuracy": 0.01}, check=metric_bounds("margin"),
                              help="{metric: how far the candidate may fall behind the champion}"),
         "champion_from": Parameter(str, "", help="a serving destination whose served version is the champion "
