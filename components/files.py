@@ -144,6 +144,11 @@ def size(path: str) -> int:
     return _gfile().stat(path).length if is_url(path) else os.path.getsize(path)
 
 
+def mtime(path: str) -> float:
+    """When the file was last written, in seconds since the epoch."""
+    return _gfile().stat(path).mtime_nsec / 1e9 if is_url(path) else os.path.getmtime(path)
+
+
 def makedirs(path: str) -> None:
     if is_url(path):
         _gfile().makedirs(path)
@@ -180,6 +185,21 @@ def rmtree(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def remove(path: str) -> None:
+    """Remove one file; nothing happens if it is not there."""
+    if is_url(path):
+        with contextlib.suppress(FileNotFoundError):
+            import tensorflow as tf
+
+            try:
+                _gfile().remove(path)
+            except tf.errors.NotFoundError:
+                raise FileNotFoundError(path) from None
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 def walk_files(root: str) -> Iterator[tuple[str, int]]:
     """(path relative to `root` with '/' separators, size in bytes) of every file under `root`, sorted."""
     if is_url(root):
@@ -199,15 +219,55 @@ def walk_files(root: str) -> Iterator[tuple[str, int]]:
     yield from sorted(found)
 
 
-def copy_tree(source: str, target: str) -> int:
-    """Copy every file under `source` to the same place under `target` (local or object store); the bytes copied."""
-    if not is_url(source) and not is_url(target):
+def copy_tree(source: str, target: str, last: tuple[str, ...] = ()) -> int:
+    """Copy every file under `source` to the same place under `target` (local or object store); the bytes copied.
+    Files whose path relative to `source` is in `last` are copied after every other, so that a reader who waits
+    for them finds the rest already there (an object store has no rename to publish a folder at once)."""
+    if not is_url(source) and not is_url(target) and not last:
         shutil.copytree(source, target, dirs_exist_ok=True)
         return sum(size for _, size in walk_files(target))
     gfile, copied = _gfile(), 0
-    for relative, size in walk_files(source):
+    for relative, size in sorted(walk_files(source), key=lambda found: found[0] in last):
         destination = os.path.join(target, relative)
         makedirs(os.path.dirname(destination))
         gfile.copy(os.path.join(source, relative), destination, overwrite=True)
         copied += size
     return copied
+
+
+def create_new(path: str, text: str = "") -> bool:
+    """Create the file `path` holding `text` only if nothing is there: True for the one caller that created it,
+    False when it existed, however many callers on however many hosts try at once. Locally an exclusive create; on
+    gs:// a create-only precondition (ifGenerationMatch=0), which TensorFlow's file system cannot send."""
+    if not is_url(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return True
+    scheme, _, rest = path.partition("://")
+    if scheme != "gs":
+        raise ValueError(f"{path}: a create-only write needs a local path or gs://, not {scheme}://")
+    from google.api_core.exceptions import PreconditionFailed
+
+    bucket, _, name = rest.partition("/")
+    try:
+        _gcs_client().bucket(bucket).blob(name).upload_from_string(text, if_generation_match=0)
+    except PreconditionFailed:
+        return False
+    return True
+
+
+_GCS_CLIENTS: dict[int, object] = {}
+
+
+def _gcs_client():
+    """One google-cloud-storage client per process (it finds credentials as every Google client does)."""
+    if os.getpid() not in _GCS_CLIENTS:
+        from google.cloud import storage
+
+        _GCS_CLIENTS[os.getpid()] = storage.Client()
+    return _GCS_CLIENTS[os.getpid()]

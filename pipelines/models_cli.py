@@ -23,11 +23,12 @@ def cmd_models(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from hpml.components import files
     from hpml.components.pusher import registry, serving_dir
     from hpml.pipelines import records, shipping
 
-    destination = os.path.abspath(args.serving_dir or shipping.serving_dir(args.pipeline, {}))
-    if not os.path.isdir(destination):
+    destination = files.absolute(args.serving_dir or shipping.serving_dir(args.pipeline, {}))
+    if not files.isdir(destination):
         raise HpmlError(f"nothing of {args.pipeline} was pushed to {destination}",
                         hint="a run whose Gate blesses its model pushes it there; pass --serving-dir for another "
                              "folder")
@@ -52,7 +53,8 @@ def cmd_models(args) -> int:
         mlflow_version = registered.get(version)
         mark = f"{mlflow_version} (alias champion)" if mlflow_version and mlflow_version == champion else \
             str(mlflow_version or "-")
-        pushed = datetime.datetime.fromtimestamp(os.path.getmtime(folder), datetime.UTC)
+        pushed = datetime.datetime.fromtimestamp(files.mtime(os.path.join(folder, serving_dir.SAVED_MODEL_FILE)),
+                                                 datetime.UTC)
         table.add_row(str(version), state, f"{pushed:%Y-%m-%d %H:%M:%S}", mark)
     console.print(table)
     return 0

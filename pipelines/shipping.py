@@ -17,7 +17,8 @@ from hpml.components.gate import GATE
 from hpml.components.pusher import PUSHER
 from hpml.pipelines.dsl import Node, Source
 from hpml.pipelines import records
-from hpml.pipelines.paths import hpml_home
+from hpml.components.files import is_url
+from hpml.pipelines.paths import artifact_root, hpml_home
 
 _SERVING_DIR = {
     "type": ["string", "null"], "maxLength": 4096, "default": None,
@@ -74,8 +75,14 @@ def with_shipping_params(schema: Mapping[str, Any], task: str = "classification"
 
 
 def serving_dir(pipeline_name: str, params: Mapping[str, Any]) -> str:
-    """The run's serving folder: the one it names, or this pipeline's under HPML_HOME."""
-    return params.get("serving_dir") or os.path.join(hpml_home(), "serving", pipeline_name)
+    """The run's serving folder: the one it names; else, where artifacts go to an object store (so every host
+    reaches them), this pipeline's under `<artifact root>/_serving`; else this pipeline's under HPML_HOME."""
+    if params.get("serving_dir"):
+        return params["serving_dir"]
+    root = artifact_root()
+    if is_url(root):
+        return f"{root.rstrip('/')}/_serving/{pipeline_name}"
+    return os.path.join(hpml_home(), "serving", pipeline_name)
 
 
 def shipping_nodes(pipeline_name: str, label_key: str, examples: Source = ("ExampleGen", "examples"),

@@ -178,6 +178,43 @@ def hard_deletes(emulator: str, bucket: str) -> None:
         raise RuntimeError(f"the emulator kept soft delete on for {bucket}: {policy}")
 
 
+def _serve_emulator(argv: list[str]) -> None:
+    """gcp-storage-emulator with the one GCS behaviour hpml relies on that it lacks: an upload with
+    ifGenerationMatch=0 (create only) fails with 412 Precondition Failed when the object exists, and two such
+    uploads of one name never both succeed."""
+    import threading
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import __main__ as emulator_main
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    original, lock = objects.insert, threading.Lock()
+
+    def insert(request, response, storage, *args, **kwargs):
+        if request.query.get("ifGenerationMatch") != ["0"]:
+            return original(request, response, storage, *args, **kwargs)
+        name = (request.query.get("name") or [None])[0]
+        if name is None and isinstance(request.data, dict):
+            name = request.data.get("meta", {}).get("name")
+        with lock:
+            try:
+                storage.get_file_obj(request.params["bucket_name"], name)
+            except NotFound:
+                return original(request, response, storage, *args, **kwargs)
+            response.status = HTTPStatus.PRECONDITION_FAILED
+            response.json({"error": {"code": 412, "message": "At least one of the pre-conditions you specified "
+                                                              "did not hold."}})
+
+    objects.insert = insert
+    for _, handlers in server.HANDLERS:
+        for method, handler in list(handlers.items()):
+            if handler is original:
+                handlers[method] = insert
+    emulator_main.main(argv)
+
+
 class GcsServer:
     """gcp-storage-emulator in its own process (in memory), plus the TLS front that TensorFlow goes through."""
 
@@ -194,10 +231,13 @@ class GcsServer:
 
     def start(self, timeout_s: float = 60) -> GcsServer:
         self._log = log = open(self.folder / "emulator.log", "wb")
+        root = str(Path(__file__).resolve().parents[1])
         emulator = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(self.port),
+            [sys.executable, "-c", "import sys; from tests.object_store import _serve_emulator; "
+             "_serve_emulator(sys.argv[1:])", "start", "--host", "127.0.0.1", "--port", str(self.port),
              "--in-memory", "--default-bucket", self.bucket],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+            stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))})
         self._processes.append(emulator)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -215,7 +255,6 @@ class GcsServer:
         port_file = self.folder / "front.port"
         code = ("import sys; from tests.object_store import _serve_front; "
                 "_serve_front(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])")
-        root = str(Path(__file__).resolve().parents[1])
         front = subprocess.Popen([sys.executable, "-c", code, str(port_file), str(self.port), str(self.cert), str(key)],
                                  cwd=root, stdout=log, stderr=subprocess.STDOUT,
                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(

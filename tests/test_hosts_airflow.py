@@ -35,6 +35,16 @@ def test_the_penguin_dag_runs_its_tasks_on_celery_workers_of_the_worker_hosts(cl
     assert summary.hosts == {node: ran_on[node] for node in ("ExampleGen", "Transform", "Trainer", "Gate", "Pusher")}
     assert summary.tags["hpml.run_dir"].startswith(f"{cluster_store.root}/airflow/penguin/")
     assert all(uri.startswith(cluster_store.root) for outputs in summary.outputs.values() for uri in outputs.values())
+    # The serving folder is on the store too, so the Gate on one host sees what the Pusher on another published.
+    with store_env(cluster_store.env(None)):
+        from hpml.components import files
+        from hpml.components.pusher import serving_dir
+        from hpml.pipelines import shipping
+
+        push = shipping.outcome(summary.outputs)["push"]
+        assert push["destination"] == f"{cluster_store.root}/airflow/_serving/penguin", push
+        assert push["version"] in serving_dir.versions(push["destination"])
+        assert files.isfile(f"{serving_dir.version_path(push['destination'], push['version'])}/saved_model.pb")
 
     status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/status.json")
     assert status == 200, body[:500]

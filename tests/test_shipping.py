@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from hpml.components import artifacts
+from hpml.components import artifacts, files
 from hpml.components.errors import SpecError
 from hpml.components.pusher import registry, serving_dir
 from hpml.pipelines import records, runner, shipping
@@ -211,6 +211,59 @@ def test_a_pusher_killed_mid_copy_leaves_no_version_and_the_next_push_takes_vers
     assert os.listdir(destination) == ["1"]
     assert _loads(serving_dir.version_path(destination, 1)) == 2.0
     assert os.path.getsize(os.path.join(destination, "1", "assets", "padding.bin")) == 256 << 20
+
+
+def test_a_gs_serving_folder_gives_distinct_whole_versions_to_pushers_on_any_host(tmp_path, gcs):
+    """On gs:// (no rename): pushers claim numbers with create-only objects, so two at once never share one; a
+    pusher killed mid-upload leaves a number without saved_model.pb, which is no version and is never reused; a
+    rollback retires versions there too."""
+    import uuid
+
+    model = _tiny_saved_model(str(tmp_path / "model"))
+    blessing = _blessing(str(tmp_path / "blessing"))
+    destination = f"{gcs.root}/{uuid.uuid4().hex[:8]}/serving"
+    assert serving_dir.check_writable(destination) is None
+    assert "does not exist" in serving_dir.check_writable("gs://no-such-bucket-hpml/serving")
+    go = str(tmp_path / "go")
+    pushers = [subprocess.Popen([sys.executable, "-c", PUSH, model, blessing, destination, str(tmp_path / f"out{n}"),
+                                 go, "3"]) for n in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(tmp_path / f"out{n}.ready") for n in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    open(go, "w").close()
+    assert [p.wait(timeout=300) for p in pushers] == [0, 0]
+    pushed = sorted(json.load(open(tmp_path / f"out{n}-{i}" / artifacts.PUSH_FILE))["version"]
+                    for n in range(2) for i in range(3))
+    assert pushed == list(range(1, 7)) and serving_dir.versions(destination) == pushed
+    assert {_loads(serving_dir.version_path(destination, v)) for v in pushed} == {2.0}  # TF reads each whole
+
+    big = _tiny_saved_model(str(tmp_path / "big"), padding_bytes=64 << 20)
+    big_serving = artifacts.serving_model_path(big)  # the padding uploads after fingerprint.pb, before the rest
+    os.rename(os.path.join(big_serving, "assets", "padding.bin"), os.path.join(big_serving, "variables", "pad.bin"))
+    killed = subprocess.Popen([sys.executable, "-c", PUSH, big, blessing, destination, str(tmp_path / "killed"),
+                               "-", "1"])
+    partial = serving_dir.version_path(destination, 7)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not files.isdir(partial):
+        time.sleep(0.01)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=30)
+    assert files.isdir(partial) and not files.exists(f"{partial}/saved_model.pb"), "not caught mid-upload"
+    assert serving_dir.versions(destination) == pushed and serving_dir.champion(destination) == 6
+    assert serving_dir.publish(artifacts.serving_model_path(model), destination) == 8  # 7 stays taken
+
+    rollback = subprocess.run([sys.executable, "-m", "hpml.pipelines.cli", "models", "tiny", "--serving-dir",
+                               destination, "--rollback", "5"], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "COLUMNS": "200"})
+    assert rollback.returncode == 0, rollback.stderr
+    assert rollback.stdout.startswith("champion: version 5; retired 6, 8\n"), rollback.stdout
+    states = {line.split()[0]: line.split()[1] for line in rollback.stdout.splitlines()
+              if line.split() and line.split()[0].isdigit()}
+    assert states == {"8": "retired", "6": "retired", "5": "champion",
+                      **{str(v): "in" for v in range(1, 5)}}, rollback.stdout
+    assert serving_dir.versions(destination) == [1, 2, 3, 4, 5] and serving_dir.retired(destination) == [6, 8]
+    assert _loads(f"{destination}/_retired/8") == 2.0 and serving_dir.champion(destination) == 5
+    assert serving_dir.publish(artifacts.serving_model_path(model), destination) == 9
 
 
 def test_a_model_that_is_not_blessed_is_not_pushed(tmp_path):

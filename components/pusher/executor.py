@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
     blessing = read_blessing(inputs["model_blessing"])
-    destination = os.path.abspath(params["destination"])
+    destination = files.absolute(params["destination"])
     if blessing["blessed"]:
         version = serving_dir.publish(artifacts.serving_model_path(inputs["model"]), destination)
         result = {"pushed": True, "destination": destination, "version": version,

@@ -8,7 +8,9 @@ so two pushers finishing in either order, or a rollback, leave the two in agreem
 from __future__ import annotations
 
 import os
+import tempfile
 
+from hpml.components import files
 from hpml.components.pusher import serving_dir
 
 CHAMPION_ALIAS = "champion"
@@ -45,7 +47,7 @@ def register(tracking_uri: str, name: str, destination: str, version: int, run_i
         run_id = client.create_run(experiment.experiment_id if experiment else client.create_experiment(name),
                                    run_name=f"push {version}").info.run_id
     artifact_path = f"pushed_model/{version}"
-    client.log_artifacts(run_id, serving_dir.version_path(destination, version), artifact_path)
+    _log_version(client, run_id, serving_dir.version_path(destination, version), artifact_path)
     if own_run:
         client.set_terminated(run_id)
     created = client.create_model_version(
@@ -53,6 +55,17 @@ def register(tracking_uri: str, name: str, destination: str, version: int, run_i
         tags={SERVING_VERSION_TAG: str(version), SERVING_DIR_TAG: destination})
     sync_champion(tracking_uri, name, destination)
     return int(created.version)
+
+
+def _log_version(client, run_id: str, folder: str, artifact_path: str) -> None:
+    """Log a served version's files to the run; MLflow logs local files only, so a gs:// version goes through a
+    temporary local copy."""
+    if not files.is_url(folder):
+        client.log_artifacts(run_id, folder, artifact_path)
+        return
+    with tempfile.TemporaryDirectory(prefix="hpml-push-") as local:
+        files.copy_tree(folder, local)
+        client.log_artifacts(run_id, local, artifact_path)
 
 
 def registry_versions(tracking_uri: str, name: str, destination: str) -> dict[int, int]:

@@ -4,13 +4,16 @@ TF Serving serves the highest version in the folder; hpml takes that one as the 
 versions above the one it returns to into `_retired/`, where TF Serving does not look and where their numbers
 stay taken: a version number is never given twice.
 
-A version appears whole or not at all: the model is copied into a hidden folder beside the versions, then
-renamed to its number. A rename onto a number another pusher took first fails, so two pushers finishing
-together take the next free numbers in turn.
+A version appears whole or not at all. In a local folder, the model is copied into a hidden folder beside the
+versions, then renamed to its number; a rename onto a number another pusher took first fails, so two pushers
+finishing together take the next free numbers in turn. On gs://, which has no rename, a pusher first claims its
+number with a create-only object `_claims/<version>` (one claimant wins, on any host), then uploads the version
+with `saved_model.pb` last: a version counts, for hpml and for TF Serving's loader, once that file is there.
 """
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -21,6 +24,8 @@ from hpml.components import files
 from hpml.components.errors import SpecError
 
 RETIRED_DIR = "_retired"
+CLAIMS_DIR = "_claims"  # on an object store: one create-only object per version number taken
+SAVED_MODEL_FILE = "saved_model.pb"
 _VERSION_RE = re.compile(r"^[1-9][0-9]*$")
 _TMP_PREFIX = ".tmp-push-"
 _MAX_CLAIMS = 1000  # versions another pusher may take while this one retries
@@ -33,8 +38,11 @@ def _numbers(folder: str) -> list[int]:
 
 
 def versions(destination: str) -> list[int]:
-    """The versions in service, oldest first."""
-    return _numbers(destination)
+    """The versions in service, oldest first (on an object store, those whose upload finished)."""
+    if not files.is_url(destination):
+        return _numbers(destination)
+    return [n for n in _numbers(destination) if files.isfile(os.path.join(version_path(destination, n),
+                                                                          SAVED_MODEL_FILE))]
 
 
 def retired(destination: str) -> list[int]:
@@ -55,8 +63,15 @@ def champion(destination: str) -> int | None:
 def check_writable(destination: str) -> str | None:
     """A problem that stops a push to `destination`, found before any work is done; None when it can be written."""
     if files.is_url(destination):
-        return (f"{destination}: the serving destination must be a local folder (or one mounted from shared "
-                f"storage); object-store destinations are not supported yet")
+        if not destination.startswith("gs://"):
+            return (f"{destination}: a serving destination is a local folder or a gs:// folder; other object "
+                    "stores are not supported yet")
+        bucket = "/".join(destination.split("/", 3)[:3])
+        try:
+            found = files.exists(bucket)
+        except Exception as err:  # noqa: BLE001 - any client failure is a destination that cannot be reached
+            return f"{destination}: bucket {bucket} cannot be reached ({err})"
+        return None if found else f"{destination}: bucket {bucket} does not exist or cannot be listed"
     path = os.path.abspath(destination)
     while not os.path.exists(path):
         path = os.path.dirname(path)
@@ -74,6 +89,8 @@ def publish(model_dir: str, destination: str) -> int:
     problem = check_writable(destination)
     if problem:
         raise SpecError(problem)
+    if files.is_url(destination):
+        return _publish_to_store(model_dir, destination)
     os.makedirs(destination, exist_ok=True)
     _remove_abandoned(destination)
     staging = os.path.join(destination, f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -95,12 +112,37 @@ def publish(model_dir: str, destination: str) -> int:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _publish_to_store(model_dir: str, destination: str) -> int:
+    """Claim the next number no pusher has claimed, then upload the version there with its saved_model.pb last.
+    A pusher killed mid-upload leaves a numbered folder without saved_model.pb: never a version, its number
+    never given again."""
+    claims = os.path.join(destination, CLAIMS_DIR)
+    claim = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "model": model_dir})
+    for _ in range(_MAX_CLAIMS):
+        taken = [*_numbers(destination), *retired(destination), *_numbers(claims)]
+        version = max([0, *taken]) + 1
+        if files.create_new(os.path.join(claims, str(version)), claim):
+            break
+    else:
+        raise SpecError(f"{destination}: no free version number after {_MAX_CLAIMS} tries")
+    files.copy_tree(model_dir, version_path(destination, version), last=(SAVED_MODEL_FILE,))
+    return version
+
+
 def retire_above(destination: str, version: int) -> list[int]:
     """Take every version above `version` out of service (into `_retired/`); the versions moved."""
     if version not in versions(destination):
         raise SpecError(f"{destination}: version {version} is not in service",
                         hint=f"versions in service: {versions(destination) or 'none'}")
     moved = []
+    if files.is_url(destination):
+        for newer in reversed([v for v in versions(destination) if v > version]):
+            live, kept = version_path(destination, newer), os.path.join(destination, RETIRED_DIR, str(newer))
+            files.copy_tree(live, kept, last=(SAVED_MODEL_FILE,))
+            files.remove(os.path.join(live, SAVED_MODEL_FILE))  # out of service from here on
+            files.rmtree(live)
+            moved.append(newer)
+        return moved
     os.makedirs(os.path.join(destination, RETIRED_DIR), exist_ok=True)
     for newer in reversed([v for v in versions(destination) if v > version]):
         os.rename(version_path(destination, newer), os.path.join(destination, RETIRED_DIR, str(newer)))
