@@ -253,6 +253,14 @@ class ClusterAirflow:
         self.control, self.workers = cluster["control"], [cluster[w] for w in workers]
         self.url = f"http://{self.control.address}:{AIRFLOW_PORT}"
         self.processes: dict[str, object] = {}
+        # Code every host has, as a deployment ships it: the DAG files, and the projects `hpml init` writes for
+        # them, in the checkout (which each host keeps), apart from the repository's own dags/.
+        import uuid
+
+        self.code = Path(__file__).resolve().parents[1] / "test-artifacts" / f"cluster-{uuid.uuid4().hex[:8]}"
+        self.dags = self.code / "dags"
+        self.dags.mkdir(parents=True)
+        shutil.copy(Path(__file__).resolve().parents[1] / "dags" / "penguin.py", self.dags / "penguin.py")
 
     def env(self, host: Host) -> dict[str, str]:
         control = self.control.name
@@ -260,7 +268,7 @@ class ClusterAirflow:
         return {
             **self.store.env(host),
             "AIRFLOW_HOME": f"{HOST_DIR}/airflow",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(Path(__file__).resolve().parents[1] / "dags"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
@@ -346,6 +354,22 @@ class ClusterAirflow:
             except OSError:
                 time.sleep(2)
         raise TimeoutError(f"the penguin DAG was not parsed in {timeout:.0f}s; see {control.dir}")
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
+        """Until the dag-processor has parsed a DAG file added to the dags folder."""
+        import time
+        import urllib.error
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.api(f"dags/{dag_id}/details")
+                return
+            except urllib.error.HTTPError as err:
+                if err.code != 404:
+                    raise
+            time.sleep(2)
+        raise TimeoutError(f"DAG {dag_id} was not parsed in {timeout:.0f}s; see {self.control.dir}")
 
     def restart_redis(self):
         """Celery's broker goes down (SIGKILL, as in a crash) and comes back on the same address, empty."""

@@ -154,6 +154,12 @@ def store_penguin(cluster_store, penguin_csv):
 @pytest.fixture(scope="session")
 def cluster_airflow(cluster, cluster_store):
     """Airflow on Celery across the test hosts (tests/cluster_services.py: ClusterAirflow)."""
+    import shutil
+
     from tests.cluster_services import ClusterAirflow
 
-    return ClusterAirflow(cluster, cluster_store).start()
+    airflow = ClusterAirflow(cluster, cluster_store)
+    try:
+        yield airflow.start()
+    finally:
+        shutil.rmtree(airflow.code, ignore_errors=True)

@@ -1,6 +1,7 @@
-"""Airflow on Celery across hosts: the penguin DAG, triggered through Airflow's REST API as the UI's form does, runs
-each component task on a Celery worker of a worker host; artifacts go to the store on the storage host, the run
-record to the MLflow server on the control host, and the Report view there reads the finished run from both."""
+"""Airflow on Celery across hosts: the penguin DAG and one that `hpml init` wrote, triggered through Airflow's REST
+API as the UI's form does, run each component task on a Celery worker of a worker host; artifacts go to the store on
+the storage host, the run record to the MLflow server on the control host, and the Report view there reads the
+finished run from both."""
 import json
 import re
 import urllib.parse
@@ -10,30 +11,28 @@ from tests.helpers import store_env
 RUN_TIMEOUT_S = 900
 
 
-def test_the_penguin_dag_runs_its_tasks_on_celery_workers_of_the_worker_hosts(cluster_airflow, cluster_store):
+def _finished(airflow, cluster_store, dag_id: str, run_id: str):
+    """The run's record, once Airflow says it succeeded; each task ran on a worker host, and so the record says."""
     from hpml.pipelines import records
     from tests.cluster_services import MLFLOW_PORT
 
-    airflow = cluster_airflow
-    run_id = airflow.api("dags/penguin/dagRuns", "POST", {"logical_date": None, "conf": {"epochs": 2}})["dag_run_id"]
-    run = airflow.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
+    run = airflow.wait_for_run(dag_id, run_id, RUN_TIMEOUT_S)
     quoted = urllib.parse.quote(run_id, safe="")
-    tasks = airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances")["task_instances"]
+    tasks = airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances")["task_instances"]
     states = {t["task_id"]: t["state"] for t in tasks}
-    failed = {task: json.dumps(airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances/{task}/logs/1"
+    failed = {task: json.dumps(airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task}/logs/1"
                                            "?full_content=true"))[-3000:]
               for task, state in states.items() if state == "failed"}
-    assert run["state"] == "success", (states, failed)
+    assert run["state"] == "success", (dag_id, states, failed)
     ran_on = {t["task_id"]: t["hostname"] for t in tasks}
     assert set(ran_on.values()) <= {"worker1", "worker2"}, ran_on
-
     with store_env({**cluster_store.env(None),
                     "MLFLOW_TRACKING_URI": f"http://{airflow.control.address}:{MLFLOW_PORT}"}):
-        summary = records.load(records.find("airflow.run_id", run_id, "penguin"))
+        summary = records.load(records.find("airflow.run_id", run_id, dag_id))
     assert summary.status == "FINISHED"
     # The run record says which host ran each component, as Airflow does.
     assert summary.hosts == {node: ran_on[node] for node in ("ExampleGen", "Transform", "Trainer", "Gate", "Pusher")}
-    assert summary.tags["hpml.run_dir"].startswith(f"{cluster_store.root}/airflow/penguin/")
+    assert summary.tags["hpml.run_dir"].startswith(f"{cluster_store.root}/airflow/{dag_id}/")
     assert all(uri.startswith(cluster_store.root) for outputs in summary.outputs.values() for uri in outputs.values())
     # The serving folder is on the store too, so the Gate on one host sees what the Pusher on another published.
     with store_env(cluster_store.env(None)):
@@ -42,17 +41,46 @@ def test_the_penguin_dag_runs_its_tasks_on_celery_workers_of_the_worker_hosts(cl
         from hpml.pipelines import shipping
 
         push = shipping.outcome(summary.outputs)["push"]
-        assert push["destination"] == f"{cluster_store.root}/airflow/_serving/penguin", push
+        assert push["destination"] == f"{cluster_store.root}/airflow/_serving/{dag_id}", push
         assert push["version"] in serving_dir.versions(push["destination"])
         assert files.isfile(f"{serving_dir.version_path(push['destination'], push['version'])}/saved_model.pb")
+    return summary
 
+
+def test_the_penguin_dag_and_an_hpml_init_dag_run_their_tasks_on_celery_workers_of_the_worker_hosts(
+        cluster_airflow, cluster_store, tmp_path):
+    """The quickstart's project, as `hpml init` writes it, deployed beside penguin (its DAG file in the dags folder,
+    its CSV on the store), and both DAGs triggered at once: every task runs on a worker host."""
+    import tensorflow as tf
+
+    from hpml.pipelines import scaffold
+    from tests.helpers import quickstart_csv
+
+    airflow = cluster_airflow
+    csv = quickstart_csv(tmp_path)
+    scaffold.init_project("churn", str(csv), "churned", directory=str(airflow.code / "projects"),
+                          dags_folder=str(airflow.dags))
+    data = f"{cluster_store.root}/data/customers.csv"
+    with store_env(cluster_store.env(None)):
+        tf.io.gfile.makedirs(f"{cluster_store.root}/data")
+        tf.io.gfile.copy(str(csv), data, overwrite=True)
+    airflow.wait_for_dag("churn")
+    confs = {"penguin": {"epochs": 2}, "churn": {"epochs": 2, "data_path": data}}
+    runs = {dag_id: airflow.api(f"dags/{dag_id}/dagRuns", "POST", {"logical_date": None, "conf": conf})["dag_run_id"]
+            for dag_id, conf in confs.items()}
+    summaries = {dag_id: _finished(airflow, cluster_store, dag_id, run_id) for dag_id, run_id in runs.items()}
+    assert summaries["churn"].examples and sum(summaries["churn"].examples.values()) == 600
+    assert summaries["churn"].params["data_path"] == data
+
+    # The Report view on the control host reads the finished run from the store.
+    quoted = urllib.parse.quote(runs["penguin"], safe="")
     status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/status.json")
     assert status == 200, body[:500]
     status_json = json.loads(body)
     assert status_json["status"] == "FINISHED" and status_json["report"] is True
     assert [c["state"] for c in status_json["components"]] == ["done"] * 5
     status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/report/report.html")
-    assert status == 200 and f"penguin run {run_id}".encode() in body
+    assert status == 200 and f"penguin run {runs['penguin']}".encode() in body
 
 
 def test_a_dead_trainer_host_and_a_redis_restart_cost_a_retry_on_the_other_host_that_resumes_from_the_backup(
