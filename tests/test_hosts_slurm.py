@@ -184,3 +184,69 @@ def test_only_a_controller_that_may_come_back_is_polled_again():
                                    "specified"))
     assert not transient(SpecError("launcher 'slurm' needs Slurm's scontrol on this host's PATH"))
     assert not transient(ValueError("unexpected"))
+
+
+def _running_jobs(slurm) -> list[str]:
+    out = slurm.controller.run(["squeue", "-h", "-o", "%i %T"], env=slurm.env(slurm.controller), check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _training_tasks(host) -> list[int]:
+    """The pids of Trainer tasks (slurm_task) running on a host."""
+    from hpml.components.trainer.launchers.slurm import TASK_MODULE
+
+    found = []
+    for pid in host.pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if TASK_MODULE.encode() in handle.read():
+                    found.append(pid)
+        except OSError:  # ended meanwhile
+            continue
+    return found
+
+
+def test_a_stopped_trainer_cancels_its_slurm_job_and_leaves_no_task_on_the_worker_hosts(
+        cluster, cluster_store, slurm, store_penguin):
+    """Airflow stops a task with SIGTERM (tests/test_airflow_stop.py shows it on a real Airflow): the Trainer
+    waiting on its Slurm job cancels the job, and no training task goes on running on a worker host."""
+    import signal
+
+    from hpml.components import files
+    from hpml.components.trainer.progress_state import progress_dir, read_progress, working_dir_for
+
+    control, workers = cluster["control"], [cluster["worker1"], cluster["worker2"]]
+    root = f"{cluster_store.root}/slurm/stopped"
+    outputs = {"model": f"{root}/model", "model_run": f"{root}/run"}
+    params = _params()
+    params["hyperparameters"] = {"epochs": 500, "batch_size": BATCH}  # far longer than the test waits
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log_path = LOGS / "trainer-stopped.log"
+    trainer = control.popen(["python", "-c", TRAIN, json.dumps([_inputs(store_penguin), outputs, params])],
+                            env={**cluster_store.env(control), **slurm.env(control)}, log=log_path)
+    deadline, step = time.monotonic() + 300, 0
+    with store_env(cluster_store.env(None)):
+        while step < 2 * STEPS_PER_EPOCH:
+            assert trainer.poll() is None, log_path.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"no training progress; {log_path.read_text()[-4000:]}"
+            try:
+                step = (read_progress(progress_dir(working_dir_for(outputs["model"]))) or {}).get("step", 0)
+            except OSError:  # replaced as it was read
+                pass
+            time.sleep(0.5)
+    assert len(_running_jobs(slurm)) == 1 and all(_training_tasks(host) for host in workers)
+
+    stopped_at = time.monotonic()
+    trainer.send_signal(signal.SIGTERM)  # what Airflow's supervisor sends a task it stops
+    assert trainer.wait(timeout=120) != 0
+    while (_running_jobs(slurm) or any(_training_tasks(host) for host in workers)) and \
+            time.monotonic() < stopped_at + 60:
+        time.sleep(0.5)
+    assert _running_jobs(slurm) == [] and [_training_tasks(host) for host in workers] == [[], []], \
+        log_path.read_text()[-4000:]
+    print(f"job and tasks gone {time.monotonic() - stopped_at:.1f}s after SIGTERM")
+    log = log_path.read_text()
+    assert "stopping the Slurm job: the wait for it ended first (Stopped)" in log, log[-4000:]
+    with store_env(cluster_store.env(None)):
+        assert not files.exists(outputs["model"]) and not files.exists(outputs["model_run"])  # nothing published
+    slurm.wait_for_nodes()  # both nodes idle again for the tests after this one
