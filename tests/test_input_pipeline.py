@@ -13,7 +13,7 @@ from tensorflow_transform.tf_metadata import schema_utils
 
 from hpml.components import artifacts, input_pipeline
 from hpml.components.errors import InputDataError, SpecError
-from hpml.components.input_pipeline import dataset as dataset_module
+from hpml.components.input_pipeline import blocks as blocks_module
 from hpml.components.input_pipeline import Measurements, autotune_spec, build_dataset, naive_spec, stages, tune
 from hpml.components.input_pipeline.shards import explain_read_error
 from hpml.components.trainer.input_stall import describe_stall, measure_input_stall
@@ -257,8 +257,8 @@ def test_an_endless_read_cuts_the_batches_a_finite_read_cuts(tuned, shards):
     """An endless cached read cuts its batches from blocks of many batches: the same batches, in order."""
     spec = dataclasses.replace(tuned, cache="memory", shuffle_buffer=4 * tuned.parse_batch_size, first_epoch_window=0,
                                measurements={**tuned.measurements, "est_records": 900})
-    assert not dataset_module._held_whole(spec, True, None)
-    per_block = dataset_module.BLOCK_ROWS // 30
+    assert not blocks_module.held_whole(spec, True, None)
+    per_block = blocks_module.BLOCK_ROWS // 30
     count = 5 * 900 // 30  # past the first block
     assert count > per_block
     endless = _endless_batches(spec, shards, count, batch_size=30, shuffle=True, seed=6, num_epochs=None)
@@ -294,8 +294,8 @@ def test_a_var_len_feature_is_cut_from_blocks_and_comes_out_sparse(tuned, tagged
 def test_small_data_held_whole_gives_each_epoch_a_fresh_full_permutation(tuned, shards):
     spec = dataclasses.replace(tuned, cache="memory", shuffle_buffer=900, first_epoch_window=0,
                                measurements={**tuned.measurements, "est_records": 900})
-    assert dataset_module._held_whole(spec, True, None)
-    epochs_per_element = dataset_module.BLOCK_ROWS // 900
+    assert blocks_module.held_whole(spec, True, None)
+    epochs_per_element = blocks_module.BLOCK_ROWS // 900
     count = (epochs_per_element + 2) * 900 // 32  # into the second element of whole epochs
     batches = _endless_batches(spec, shards, count, batch_size=32, shuffle=True, seed=3, num_epochs=None)
     assert all(len(ids) == 32 for ids, *_ in batches)
@@ -320,7 +320,7 @@ def test_small_data_with_a_sparse_feature_held_whole_keeps_every_row(tuned, tagg
     spec = dataclasses.replace(tuned, schema_fingerprint=input_pipeline.schema_fingerprint(TAGGED_SCHEMA),
                                cache="memory", parse_batch_size=16, shuffle_buffer=210, first_epoch_window=0,
                                measurements={**tuned.measurements, "est_records": 210})
-    assert dataset_module._held_whole(spec, True, None)
+    assert blocks_module.held_whole(spec, True, None)
     dataset = build_dataset(spec, [os.path.join(tagged_shards, "*.gz")], TAGGED_SCHEMA, label_key="label",
                             batch_size=10, shuffle=True, seed=4, num_epochs=None)
     batches = [(f["id"].numpy(), tf.RaggedTensor.from_sparse(f["tags"]).to_list(), label.numpy())
