@@ -49,6 +49,19 @@ RAW_FEATURES_SIGNATURE = "serving_raw"
 EVAL_METRICS_FILE = "eval_metrics.json"  # {metric: value} on the eval split, written by `write_eval_metrics`
 CLASSIFICATION_FILE = "classification.json"  # per-class metrics and the confusion matrix of a classifier
 GPIPE_RECORD_FILE = "gpipe.json"  # the GPipe schedule, stage costs and executed timeline of one traced step
+METRICS_FILE = "metrics.jsonl"  # one JSON line per finished epoch: loss, metrics, val_*, seconds, examples/s
+PLAN_FILE = "plan.json"  # the strategy plan and its reasons
+TUNED_STEP_FILE = "tuned_step.json"  # the tuned training step: the choice, every measurement, the reasons
+STALL_FILE = "input_stall.json"  # the share of a training step that waits on input
+# In an InputPipeline: the tuned spec, and the per-stage breakdown (numbers and plot).
+INPUT_PIPELINE_SPEC_FILE = "input_pipeline.json"
+STAGES_FILE = "stages.json"
+STAGES_PLOT_FILE = "stages.png"
+# Beside the examples SoftTargets augments: the teachers' soft targets and how they were made.
+SOFT_TARGETS_FILE = "soft_targets.json"
+# In a ModelEvaluation: the models compared, as JSON and as a Markdown table.
+EVALUATION_FILE = "results.json"
+EVALUATION_TABLE_FILE = "results.md"
 # In a ModelBlessing: TFX's empty marker file (one of the two), and the gate's verdict metric by metric.
 BLESSED_FILE = "BLESSED"
 NOT_BLESSED_FILE = "NOT_BLESSED"

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from hpml.components import files
 from hpml.components.errors import HpmlError
-from hpml.components.results import RunRecord
+from hpml.components.results import CONSTANT_FEATURES_TAG, EMPTY_COLUMNS_TAG, RunRecord, history_series
 from hpml.pipelines import locks
 from hpml.pipelines.paths import hpml_home
 
@@ -30,8 +30,6 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 ARTIFACT_TAG = "artifact."
 DURATION_METRIC = "duration_s."
-EMPTY_COLUMNS_TAG = "hpml.empty_columns"
-CONSTANT_FEATURES_TAG = "hpml.constant_features"
 SHORT_ID = 8  # how many characters of a run id `hpml runs` shows; any unique prefix of 4 or more resolves
 
 
@@ -94,99 +92,33 @@ def start(pipeline_name: str, run_id: str, params: Mapping[str, Any], tags: Mapp
 
 
 # Files small enough to copy into the MLflow run beside the artifact URIs.
-SMALL_ARTIFACTS = ("schema.pbtxt", "metrics.jsonl", "eval_metrics.json", "classification.json", "plan.json",
-                   "gpipe.json", "input_pipeline.json", "input_stall.json", "tuned_step.json", "stages.json",
-                   "stages.png", "soft_targets.json", "results.json", "results.md")
-
-
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def log_node(mlflow_run_id: str, node_id: str, outputs: Mapping[str, str], properties: Mapping[str, Any],
              seconds: float, metric_prefix: str = "") -> None:
-    """One component's outcome: duration, output URIs, and whatever metrics it reported.
+    """One component's outcome: its duration, output URIs and host, and the run record its executor made
+    (`RunRecord`: metrics, per-epoch series, tags and small files).
 
     `metric_prefix` keeps apart the metrics of several nodes of one component (e.g. `Teacher_0.loss`).
     """
     from mlflow.entities import Metric, RunTag
 
     now = int(time.time() * 1000)
-    metrics = []
-    for split, count in (properties.get("split_counts") or {}).items():
-        metrics.append(Metric(f"examples.{split}", count, now, 0))
-    for key in ("bad_rows", "input_files"):
-        if key in properties:
-            metrics.append(Metric(key, properties[key], now, 0))
-    metrics += _history_metrics(properties.get("history") or [], now)
-    for key, value in (properties.get("eval_metrics") or {}).items():
-        if _finite(value):
-            metrics.append(Metric(f"eval_{key}", float(value), now, 0))
+    record = RunRecord.from_properties(properties)
+    metrics = [Metric(f"{metric_prefix}{key}", value, now, 0) for key, value in record.metrics.items()]
+    metrics += [Metric(f"{metric_prefix}{key}", value, now, step)
+                for key, points in record.series.items() for step, value in points]
+    metrics.append(Metric(f"{DURATION_METRIC}{node_id}", seconds, now, 0))
     tags = [RunTag(f"{ARTIFACT_TAG}{node_id}.{name}", uri) for name, uri in outputs.items()]
     tags.append(RunTag(f"{HOST_TAG}{node_id}", socket.getfqdn()))  # which machine ran it (an Airflow worker)
-    if properties.get("empty_columns"):  # input columns with no value in any row (ExampleGen)
-        tags.append(RunTag(EMPTY_COLUMNS_TAG, ", ".join(properties["empty_columns"])))
-    if properties.get("constant_features"):  # transformed features with one value in every train example
-        tags.append(RunTag(CONSTANT_FEATURES_TAG, ", ".join(properties["constant_features"])))
-    plan = properties.get("plan")
-    if plan:
-        tags += [RunTag("hpml.strategy", plan["strategy"]), RunTag("hpml.plan", "; ".join(plan["reasons"]))]
-    gpipe = properties.get("gpipe")
-    if gpipe:
-        tags += [RunTag(f"gpipe.{k}", str(gpipe[k])) for k in ("num_stages", "num_micro_batches", "balance",
-                                                                 "remat", "schedule", "stage_costs_s")]
-        metrics += [Metric("gpipe.expected_bubble", gpipe["expected_bubble"], now, 0),
-                    Metric("gpipe.measured_bubble", gpipe["measured_bubble"], now, 0)]
-        if "executed_bubble" in gpipe:  # from the profiler trace of one executed step
-            metrics.append(Metric("gpipe.executed_bubble", gpipe["executed_bubble"], now, 0))
-            tags.append(RunTag("gpipe.executed_in_schedule_order", str(gpipe["executed_in_schedule_order"])))
-    launch = properties.get("launch")
-    if launch and "job" in launch:  # a remote job (TFJob, Vertex AI CustomJob, Slurm job ids)
-        tags.append(RunTag("hpml.remote_job", f"{launch['launcher']}:{launch['job']}"))
-    if launch and "restarts" in launch:  # a launcher that restarts the job itself (local, slurm)
-        metrics += [Metric("restarts", launch["restarts"], now, 0), Metric("steps_lost", launch["steps_lost"], now, 0),
-                    Metric("recovery_seconds", sum(launch["recovery_seconds"]), now, 0)]
-        if launch.get("restarted_in_place"):  # parameter-server workers restarted without the cluster
-            tags.append(RunTag("hpml.restarted_in_place", ",".join(launch["restarted_in_place"])))
-        if launch.get("rejoin_seconds"):
-            metrics.append(Metric("rejoin_seconds", sum(launch["rejoin_seconds"]), now, 0))
-    stall = properties.get("input_stall")
-    if stall:
-        metrics += [Metric("input_stall_fraction", stall["stall_fraction"], now, 0),
-                    Metric("input_step_seconds", stall["real_step_s"], now, 0),
-                    Metric("in_memory_step_seconds", stall["in_memory_step_s"], now, 0)]
-    step = properties.get("tuned_step")
-    if step:
-        tags += [RunTag(f"hpml.step.{knob}", str(value)) for knob, value in step["choice"].items()]
-        metrics.append(Metric("step_tuning_seconds", step["seconds"], now, 0))
-    if "skipped_shards" in properties:
-        metrics.append(Metric("skipped_shards", len(properties["skipped_shards"]), now, 0))
-    pipeline = properties.get("input_pipeline")
-    if pipeline:
-        tags.append(RunTag("hpml.input_pipeline", pipeline["recommendation"]))
-        tags += [RunTag(f"input_pipeline.{k}", str(v)) for k, v in pipeline["decisions"].items()]
-    if properties.get("input_cache"):  # the Trainer read its data once: later than Transform's, this tag wins
-        tags.append(RunTag("input_pipeline.cache", properties["input_cache"]))
-    distillation = properties.get("distillation")
-    if distillation:
-        tags += [RunTag(f"{metric_prefix}distillation.{k}", str(v)) for k, v in distillation.items()]
-    evaluation = properties.get("evaluation")
-    if evaluation:
-        for row in evaluation["rows"]:
-            metrics += [Metric(f"evaluation.{row['name']}.{k}", float(row[k]), now, 0)
-                        for k in ("accuracy", "params", "size_bytes", "latency_us")]
-        if evaluation.get("distillation"):
-            metrics += [Metric(f"distillation.{k}", float(v), now, 0) for k, v in evaluation["distillation"].items()
-                        if _finite(v)]
-    record = RunRecord.from_properties(properties)  # what a component that owns its record decided
-    metrics += [Metric(key, value, now, 0) for key, value in record.metrics.items()]
     tags += [RunTag(key, value) for key, value in record.tags.items()]
-    metrics = [Metric(f"{metric_prefix}{m.key}", m.value, m.timestamp, m.step) for m in metrics]
-    metrics.append(Metric(f"{DURATION_METRIC}{node_id}", seconds, now, 0))
+    tags += [RunTag(f"{metric_prefix}{key}", value) for key, value in record.node_tags.items()]
     mlflow_client = client()
     mlflow_client.log_batch(mlflow_run_id, metrics=metrics, tags=tags)
     for name, uri in outputs.items():
-        for small in (*SMALL_ARTIFACTS, *record.files.get(name, ())):
+        for small in record.files.get(name, ()):
             path = os.path.join(uri, small)
             if files.isfile(path):
                 _log_file(mlflow_client, mlflow_run_id, path, f"{node_id}/{name}")
@@ -208,8 +140,8 @@ def _history_metrics(history: list[dict], now: int, prefix: str = "") -> list:
     """One metric per finite figure of each epoch's row, at the epoch as its step."""
     from mlflow.entities import Metric
 
-    return [Metric(f"{prefix}{k}", float(v), now, int(row["epoch"]))
-            for row in history for k, v in row.items() if k != "epoch" and _finite(v)]
+    return [Metric(f"{prefix}{name}", value, now, step)
+            for name, points in history_series(history).items() for step, value in points]
 
 
 def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException, metric_prefix: str = "") -> None:

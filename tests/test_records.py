@@ -10,9 +10,18 @@ from pathlib import Path
 import pytest
 
 from hpml.components.errors import HpmlError
+from hpml.components.example_gen.record import run_record as example_gen_record
+from hpml.components.results import RECORD_KEY
+from hpml.components.trainer.record import run_record as trainer_record
+from hpml.components.transform.record import run_record as transform_record
 from hpml.pipelines import records
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _with_record(run_record, result: dict) -> dict:
+    """An executor's properties: its result, and the run record its component makes of it."""
+    return {**result, RECORD_KEY: run_record(result).to_json()}
 
 
 def test_trainer_properties_become_run_record_fields(tmp_path):
@@ -30,7 +39,8 @@ def test_trainer_properties_become_run_record_fields(tmp_path):
         "gpipe": {"num_stages": 2, "num_micro_batches": 4, "balance": [2, 2], "remat": "always",
                   "schedule": "gpipe", "stage_costs_s": [0.1, 0.2], "expected_bubble": 0.2, "measured_bubble": 0.25},
     }
-    records.log_node(run_id, "Trainer", {"model_run": str(model_run)}, properties, seconds=3.0)
+    records.log_node(run_id, "Trainer", {"model_run": str(model_run)}, _with_record(trainer_record, properties),
+                     seconds=3.0)
     records.finish(run_id)
     summary = records.load(run_id)
     run = records.client().get_run(run_id)
@@ -58,7 +68,8 @@ def test_empty_input_columns_reach_the_run_record_summary_and_report():
     run_id = records.start("record_test", "run-empty", {"epochs": 1}, {})
     properties = {"split_counts": {"train": 20, "eval": 10}, "bad_rows": 0, "input_files": 1,
                   "empty_columns": ["sex", "comment"]}
-    records.log_node(run_id, "ExampleGen", {"examples": "/tmp/x"}, properties, seconds=1.0)
+    records.log_node(run_id, "ExampleGen", {"examples": "/tmp/x"}, _with_record(example_gen_record, properties),
+                     seconds=1.0)
     records.finish(run_id)
     summary = records.load(run_id)
     assert summary.empty_columns == ["sex", "comment"]
@@ -68,7 +79,8 @@ def test_empty_input_columns_reach_the_run_record_summary_and_report():
     page = report.render(report.collect(run_id), {})
     assert "<b>no value in any row: sex, comment</b> (disabled in the schema)" in page
     plain = records.start("record_test", "run-full", {"epochs": 1}, {})
-    records.log_node(plain, "ExampleGen", {}, {**properties, "empty_columns": []}, seconds=1.0)
+    records.log_node(plain, "ExampleGen", {}, _with_record(example_gen_record, {**properties, "empty_columns": []}),
+                     seconds=1.0)
     assert records.load(plain).empty_columns == [] and "no value in any row" not in report.render(
         report.collect(plain), {})
 
@@ -81,8 +93,10 @@ def test_constant_features_reach_the_run_record_summary_and_report():
     from hpml.pipelines.summary import print_summary
 
     run_id = records.start("record_test", "run-constant", {"epochs": 1}, {})
-    records.log_node(run_id, "ExampleGen", {}, {"split_counts": {"train": 20, "eval": 10}}, seconds=1.0)
-    records.log_node(run_id, "Transform", {}, {"constant_features": ["bill_length_mm", "year"]}, seconds=1.0)
+    records.log_node(run_id, "ExampleGen", {}, _with_record(example_gen_record, {"split_counts": {"train": 20,
+                                                                                     "eval": 10}}), seconds=1.0)
+    records.log_node(run_id, "Transform", {}, _with_record(transform_record, {"constant_features": [
+        "bill_length_mm", "year"]}), seconds=1.0)
     records.finish(run_id)
     summary = records.load(run_id)
     assert summary.constant_features == ["bill_length_mm", "year"]
@@ -98,9 +112,9 @@ def test_the_cache_the_trainer_used_replaces_the_tuned_one_in_the_record_and_rep
 
     run_id = records.start("record_test", "run-cache", {"epochs": 1}, {})
     pipeline = {"recommendation": "Slowest stage: read", "decisions": {"cache": "memory", "prefetch": 2}}
-    records.log_node(run_id, "Transform", {}, {"input_pipeline": pipeline}, seconds=1.0)
+    records.log_node(run_id, "Transform", {}, _with_record(transform_record, {"input_pipeline": pipeline}), seconds=1.0)
     used = "none (one epoch reads the data once; tuned: memory)"
-    records.log_node(run_id, "Trainer", {}, {"input_cache": used}, seconds=1.0)
+    records.log_node(run_id, "Trainer", {}, _with_record(trainer_record, {"input_cache": used}), seconds=1.0)
     records.finish(run_id)
     tags = records.client().get_run(run_id).data.tags
     assert (tags["input_pipeline.cache"], tags["input_pipeline.prefetch"]) == (used, "2")

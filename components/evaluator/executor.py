@@ -17,9 +17,10 @@ import numpy as np
 
 from hpml.components import artifacts, files
 from hpml.components.errors import InputDataError, SpecError
+from hpml.components.evaluator.record import run_record
+from hpml.components.results import RECORD_KEY
 
-RESULTS_JSON = "results.json"
-RESULTS_MD = "results.md"
+RESULTS_JSON, RESULTS_MD = artifacts.EVALUATION_FILE, artifacts.EVALUATION_TABLE_FILE
 
 
 def _label_text(example, label_key: str, where: str) -> str:
@@ -161,4 +162,4 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
     with artifacts.publish(outputs["evaluation"]) as out_dir:
         files.write_text(os.path.join(out_dir, RESULTS_JSON), json.dumps(result, indent=2))
         files.write_text(os.path.join(out_dir, RESULTS_MD), _table(result["rows"], gap))
-    return {"evaluation": result}
+    return {"evaluation": result, RECORD_KEY: run_record({"evaluation": result}).to_json()}

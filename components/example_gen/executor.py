@@ -19,6 +19,8 @@ from hpml.components.errors import InputDataError
 from hpml.components.example_gen import csv_chunks, csv_header, csv_source, schema_inference, tfrecord_source
 from hpml.components.example_gen import inputs as input_files
 from hpml.components.example_gen.progress import NAMESPACE, log
+from hpml.components.example_gen.record import run_record
+from hpml.components.results import RECORD_KEY
 
 
 def _finish_schema(stats, schema_dir: str, expected_path: str | None, required: list[str], source: str,
@@ -119,8 +121,9 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     if bad_rows:
         log.warning("ExampleGen skipped %d bad row(s) of %d (skip_bad_rows=true); the log above names the "
                             "first", bad_rows, bad_rows + sum(counts.values()))
-    return {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files),
-            "empty_columns": empty_columns}
+    result = {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files),
+              "empty_columns": empty_columns}
+    return {**result, RECORD_KEY: run_record(result).to_json()}
 
 
 def _spread(pipeline, items):

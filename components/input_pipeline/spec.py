@@ -10,10 +10,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from hpml.components import files
+from hpml.components import artifacts, files
 from hpml.components.errors import SpecError
 
-SPEC_FILE = "input_pipeline.json"
+SPEC_FILE = artifacts.INPUT_PIPELINE_SPEC_FILE
 SPEC_VERSION = 2
 AUTOTUNE = -1  # stands for tf.data.AUTOTUNE in the JSON
 CACHE_MODES = ("none", "memory", "disk")

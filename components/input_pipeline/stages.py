@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from hpml.components import files
+from hpml.components import artifacts, files
 
 PARALLELISM_PARAMETERS = ("parallelism", "buffer_size", "cycle_length")
 ADVICE = {
@@ -154,7 +154,7 @@ def plot_stages(stages: list[dict], path: str, title: str = "tf.data per-stage b
 def write_breakdown(stages: list[dict], directory: str) -> dict:
     """stages.json and stages.png into `directory`; returns their paths and the recommendation."""
     text = recommendation(stages)
-    json_path = os.path.join(directory, "stages.json")
+    json_path = os.path.join(directory, artifacts.STAGES_FILE)
     files.write_text(json_path, json.dumps({"stages": stages, "recommendation": text}, indent=2))
-    png_path = plot_stages(stages, os.path.join(directory, "stages.png"))
+    png_path = plot_stages(stages, os.path.join(directory, artifacts.STAGES_PLOT_FILE))
     return {"json": json_path, "png": png_path, "recommendation": text}

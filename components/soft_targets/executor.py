@@ -14,6 +14,7 @@ from hpml.components import artifacts, files
 from hpml.components.beam_utils import make_pipeline, run_pipeline
 from hpml.components.errors import SpecError
 from hpml.components.trainer.distill.mode import CACHE_FILE, SOFT_TARGETS_FEATURE, teacher_serving_dir
+from hpml.components.results import RECORD_KEY, RunRecord
 
 
 def _teacher_inputs(teacher, features: dict) -> dict:
@@ -102,4 +103,5 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, Any], params: Mapping[s
         record = {"temperature": temperature, "num_classes": num_classes, "teachers": list(inputs["teachers"]),
                   "splits": splits, "label_key": params["label_key"]}
         files.write_text(os.path.join(out_dir, CACHE_FILE), json.dumps(record, indent=2))
-    return {"soft_targets": record}
+    return {"soft_targets": record,
+            RECORD_KEY: RunRecord(files={"examples": (artifacts.SOFT_TARGETS_FILE,)}).to_json()}

@@ -24,6 +24,8 @@ from hpml.components.trainer.progress_state import progress_dir, working_dir_for
 from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
 from hpml.components.trainer.strategies import CLUSTER_STRATEGIES
 from hpml.components.user_module import load_function
+from hpml.components.results import RECORD_KEY
+from hpml.components.trainer.record import run_record
 
 log = logging.getLogger("hpml.trainer")
 
@@ -135,7 +137,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 f"run_fn finished but wrote no model to serving_model_dir ({fn_args.serving_model_dir})",
                 hint="run_fn must save a SavedModel to fn_args.serving_model_dir",
             )
-        files.write_text(os.path.join(run_dir, "plan.json"), json.dumps(plan.to_dict(), indent=2))
+        files.write_text(os.path.join(run_dir, artifacts.PLAN_FILE), json.dumps(plan.to_dict(), indent=2))
         history = read_metrics(run_dir)
         eval_metrics = _read_json(os.path.join(run_dir, artifacts.EVAL_METRICS_FILE)) or {}
         gpipe = _read_json(os.path.join(run_dir, artifacts.GPIPE_RECORD_FILE))
@@ -146,10 +148,11 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 files.write_text(os.path.join(run_dir, STALL_FILE), json.dumps(input_stall, indent=2))
         tuned_step = _read_json(os.path.join(run_dir, TUNED_STEP_FILE))
     files.rmtree(working_dir)
-    return {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
-            "launch": launch, "input_stall": input_stall, "tuned_step": tuned_step,
-            "skipped_shards": sorted(skipped_shards), "input_cache": input_cache,
-            "distillation": distillation.to_dict() if distillation else None}
+    result = {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
+              "launch": launch, "input_stall": input_stall, "tuned_step": tuned_step,
+              "skipped_shards": sorted(skipped_shards), "input_cache": input_cache,
+              "distillation": distillation.to_dict() if distillation else None}
+    return {**result, RECORD_KEY: run_record(result).to_json()}
 
 
 def _input_cache(spec, params) -> str | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import time
 
+from hpml.components.artifacts import STALL_FILE
+
 WARMUP_STEPS = 2
 BLOCK_STEPS = 50
 
@@ -80,7 +82,6 @@ def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmu
             "block_steps": block_steps, "real_block_s": blocks["real"], "in_memory_block_s": blocks["memory"]}
 
 
-STALL_FILE = "input_stall.json"
 # DESIGN.md's B3 yardstick: a tuned pipeline keeps the stall under this share of a step.
 STALL_LIMIT = 0.05
 # A wait per batch under this is the fixed cost of any tf.data feed (the iterator call, the copy into the step),

@@ -22,6 +22,8 @@ from hpml.components.errors import InputDataError, SpecError
 from hpml.components.schema_file import is_empty_column, read_schema
 from hpml.components.transform import example_io, tuning
 from hpml.components.user_module import failing_line, load_function
+from hpml.components.results import RECORD_KEY
+from hpml.components.transform.record import run_record
 
 log = logging.getLogger(__name__)
 
@@ -261,5 +263,6 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         tuned = tuning.write_input_pipeline(
             artifacts.transformed_examples_file_pattern(examples_dir, params["analyze_splits"][0]), transformed_schema,
             pipeline_dir, params)
-    return {"splits": splits, "transformed_features": sorted(f.name for f in transformed_schema.feature),
-            "input_pipeline": tuned, "constant_features": constant}
+    result = {"splits": splits, "transformed_features": sorted(f.name for f in transformed_schema.feature),
+              "input_pipeline": tuned, "constant_features": constant}
+    return {**result, RECORD_KEY: run_record(result).to_json()}

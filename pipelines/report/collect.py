@@ -6,8 +6,6 @@ import os
 import re
 
 from hpml.components import artifacts, files
-from hpml.components.trainer.input_stall import STALL_FILE
-from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
 from hpml.pipelines import records, shipping
 from hpml.pipelines.report.plots import CURVE_GROUPS
 
@@ -42,15 +40,15 @@ def collect(mlflow_run_id: str) -> dict:
         "data": {"examples": summary.examples, "bad_rows": summary.bad_rows, "input_files": summary.input_files,
                  "empty_columns": summary.empty_columns, "constant_features": summary.constant_features},
         "eval_metrics": summary.eval_metrics, "durations": summary.durations, "series": series,
-        "plan": _in(run_dir, "plan.json"),
+        "plan": _in(run_dir, artifacts.PLAN_FILE),
         "gpipe": _in(run_dir, artifacts.GPIPE_RECORD_FILE),
         "classification": _in(run_dir, artifacts.CLASSIFICATION_FILE),
         "model_run_dir": run_dir,
         "experiment_id": run.info.experiment_id, "tracking_uri": records.tracking_uri(),
-        "input_stall": _in(run_dir, STALL_FILE),
-        "tuned_step": _in(run_dir, TUNED_STEP_FILE),
-        "input_stages": _in(pipeline_dir, "stages.json"),
-        "input_stages_png": os.path.join(pipeline_dir, "stages.png") if pipeline_dir else None,
+        "input_stall": _in(run_dir, artifacts.STALL_FILE),
+        "tuned_step": _in(run_dir, artifacts.TUNED_STEP_FILE),
+        "input_stages": _in(pipeline_dir, artifacts.STAGES_FILE),
+        "input_stages_png": os.path.join(pipeline_dir, artifacts.STAGES_PLOT_FILE) if pipeline_dir else None,
         "input_decisions": _input_decisions(summary, pipeline_dir),
         "distributed": {k: metrics[k] for k in ("restarts", "steps_lost", "recovery_seconds", "rejoin_seconds")
                         if k in metrics},
@@ -60,7 +58,7 @@ def collect(mlflow_run_id: str) -> dict:
                     if k.startswith(records.RETRIED_TAG)},
         "run_dir": summary.tags.get("hpml.run_dir"),
         "node_curves": node_curves,
-        "evaluation": _in(evaluation_dir, "results.json"),
+        "evaluation": _in(evaluation_dir, artifacts.EVALUATION_FILE),
         "shipping": shipping.outcome(summary.outputs),
     }
 

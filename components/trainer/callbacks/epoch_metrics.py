@@ -10,10 +10,9 @@ import time
 import tf_keras
 
 from hpml.components import files
+from hpml.components.artifacts import METRICS_FILE
 
 log = logging.getLogger("hpml.trainer")
-
-METRICS_FILE = "metrics.jsonl"
 
 
 class EpochMetricsLogger(tf_keras.callbacks.Callback):

@@ -10,7 +10,7 @@ from hpml.components import artifacts
 from hpml.components.errors import SpecError
 
 CONFIG_KEY = "distillation"
-CACHE_FILE = "soft_targets.json"  # written by SoftTargets beside the examples it augments
+CACHE_FILE = artifacts.SOFT_TARGETS_FILE  # written by SoftTargets beside the examples it augments
 SOFT_TARGETS_FEATURE = "soft_targets"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-TUNED_STEP_FILE = "tuned_step.json"
+from hpml.components.artifacts import TUNED_STEP_FILE  # noqa: F401 - where it is defined
 MAX_STEPS_PER_EXECUTION = 64
 BURST_S = 0.03  # a timed burst of one candidate lasts at least this long
 MIN_SWEEP_S = 0.25  # the steps_per_execution sweep may always take this long, however short the training
