@@ -124,3 +124,52 @@ def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(po
         "no artifact was left on the worker's disk"
     # The tasks ran in this folder: a gs:// URL taken for a local path (os.makedirs) would leave gs:/bucket/... here.
     assert not (Path.cwd() / "gs:" / gcs.bucket / tmp_path.name).exists(), "a URL was made into a local folder"
+
+
+def _push_at_once(tracking_uri: str, name: str, serving: str, pushers: int) -> tuple[list, list]:
+    """Run sync_champion from `pushers` threads released together; (their results, their errors)."""
+    import threading
+
+    from hpml.components.pusher import registry
+
+    start, errors, results = threading.Barrier(pushers), [], []
+
+    def push():
+        start.wait()
+        try:
+            results.append(registry.sync_champion(tracking_uri, name, serving))
+        except Exception as err:  # noqa: BLE001 - the test reports every pusher's failure
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=push) for _ in range(pushers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results, errors
+
+
+def test_pushers_moving_the_alias_at_once_leave_it_on_the_serving_champion(tracking_server, tmp_path):
+    """The first alias of a registered model is an insert on the server: pushers setting it at once race for it,
+    and a slower one may set an older champion after a newer. Every pusher succeeds and the alias ends on the
+    registry version of the serving folder's champion."""
+    from mlflow.tracking import MlflowClient
+
+    from hpml.components.pusher import registry
+
+    client = MlflowClient(tracking_server.url)
+    experiment = client.create_experiment("alias-race")
+    for trial in range(4):
+        name, serving = f"alias-race-{trial}", tmp_path / f"serving-{trial}"
+        client.create_registered_model(name)
+        run_id = client.create_run(experiment).info.run_id
+        for version in (1, 2, 3):
+            (serving / str(version)).mkdir(parents=True)
+            client.create_model_version(name, source=f"runs:/{run_id}/pushed_model/{version}", run_id=run_id,
+                                        tags={registry.SERVING_VERSION_TAG: str(version),
+                                              registry.SERVING_DIR_TAG: str(serving)})
+        champion_registry_version = registry.registry_versions(tracking_server.url, name, str(serving))[3]
+        results, errors = _push_at_once(tracking_server.url, name, str(serving), pushers=6)
+        assert not errors, errors
+        assert results == [champion_registry_version] * 6
+        assert registry.champion(tracking_server.url, name) == champion_registry_version

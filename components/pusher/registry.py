@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 from hpml.components import files
 from hpml.components.pusher import serving_dir
@@ -90,11 +91,27 @@ def champion(tracking_uri: str, name: str) -> int | None:
         return None
 
 
-def sync_champion(tracking_uri: str, name: str, destination: str) -> int | None:
+def sync_champion(tracking_uri: str, name: str, destination: str, attempts: int = 10) -> int | None:
     """Point the alias at the registry version of the serving folder's champion; the registry version, or None
-    while that version is not registered yet (its pusher moves the alias when it registers it)."""
-    serving = serving_dir.champion(destination)
-    target = registry_versions(tracking_uri, name, destination).get(serving) if serving else None
-    if target is not None:
-        _client(tracking_uri).set_registered_model_alias(name, CHAMPION_ALIAS, str(target))
+    while that version is not registered yet (its pusher moves the alias when it registers it).
+
+    Two pushers may move the alias at once: the first alias of a model is an insert that only one of them wins,
+    and the slower one may set an older champion after the other set the newer. So each pusher sets the alias,
+    then reads the champion again and repeats until the alias names it (at most `attempts` times).
+    """
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    target = None
+    for attempt in range(attempts):
+        serving = serving_dir.champion(destination)
+        target = registry_versions(tracking_uri, name, destination).get(serving) if serving else None
+        if target is None or champion(tracking_uri, name) == target and attempt:
+            return target
+        try:
+            client.set_registered_model_alias(name, CHAMPION_ALIAS, str(target))
+        except MlflowException:  # the other pusher inserted the alias first; it exists now
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
     return target
