@@ -3,7 +3,7 @@
 # from the one .venv was built with, which made every `make run`/`make test` rebuild it (~45 s).
 PYTHON ?= $(shell p=$$(command -v python3.11 || command -v python3) && $$p -c 'import sys; print(sys.executable)')
 # The extras the application installs: every integration and the examples (not gpu, which pulls in CUDA).
-EXTRAS := --extra airflow --extra celery --extra kubernetes --extra vertex --extra examples
+EXTRAS := --extra airflow --extra celery --extra kubernetes --extra vertex --extra aws --extra examples
 UV_VERSION := 0.13.9
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv

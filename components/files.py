@@ -1,7 +1,8 @@
-"""File operations that work the same on a local path and on a URL that TensorFlow's file systems reach (gs://).
+"""File operations that work the same on a local path, gs:// and s3://.
 
-Local paths use the standard library, so code that never sees a URL never imports TensorFlow; a URL goes through
-`tf.io.gfile`, the client that TF's readers and writers use too.
+Local paths use the standard library, so code that never sees a URL never imports TensorFlow; s3:// goes through
+boto3 (`s3_files`: TensorFlow has no S3 file system); any other URL goes through `tf.io.gfile`, the client that TF's
+readers and writers use too.
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import shutil
 import uuid
 from typing import IO
 from collections.abc import Iterator
+
+from hpml.components import s3_files
+from hpml.components.s3_files import is_s3
 
 
 def is_url(path: str) -> bool:
@@ -34,6 +38,11 @@ def absolute(path: str) -> str:
 def open_file(path: str, mode: str = "r") -> IO:
     """Open for reading or writing; text modes are UTF-8. On an object store a written file appears whole when
     closed."""
+    if is_s3(path):
+        if "r" in mode:
+            stream = s3_files.open_stream(path)
+            return stream if "b" in mode else io.TextIOWrapper(stream, encoding="utf-8")
+        return s3_files.open_writer(path, text="b" not in mode)
     if is_url(path):
         return _gfile().GFile(path, mode)
     return open(path, mode, encoding=None if "b" in mode else "utf-8")
@@ -71,6 +80,8 @@ class _GFileReader(io.RawIOBase):
 
 def open_stream(path: str) -> io.BufferedIOBase:
     """A buffered binary reader, for what wants a real stream (csv through io.TextIOWrapper, gzip)."""
+    if is_s3(path):
+        return s3_files.open_stream(path)
     if is_url(path):
         return io.BufferedReader(_GFileReader(_gfile().GFile(path, "rb")))
     return open(path, "rb")
@@ -82,6 +93,8 @@ def read_text(path: str) -> str:
     if not is_url(path):
         with open(path, encoding="utf-8") as handle:
             return handle.read()
+    if is_s3(path):
+        return s3_files.read_bytes(path).decode("utf-8")
     import tensorflow as tf
 
     try:
@@ -96,6 +109,9 @@ def read_text(path: str) -> str:
 def write_text(path: str, text: str) -> None:
     """Replace the file whole: a reader never sees half of it, and a write that fails leaves the old file. Locally
     through a hidden sibling renamed into place; an object store's object appears whole when closed."""
+    if is_s3(path):
+        s3_files.write_bytes(path, text.encode("utf-8"))
+        return
     if is_url(path):
         with _gfile().GFile(path, "w") as handle:
             handle.write(text)
@@ -126,14 +142,20 @@ def write_texts(texts: dict) -> None:
 
 
 def exists(path: str) -> bool:
+    if is_s3(path):
+        return s3_files.exists(path)
     return _gfile().exists(path) if is_url(path) else os.path.exists(path)
 
 
 def isdir(path: str) -> bool:
+    if is_s3(path):
+        return s3_files.isdir(path)
     return _gfile().isdir(path) if is_url(path) else os.path.isdir(path)
 
 
 def isfile(path: str) -> bool:
+    if is_s3(path):
+        return s3_files.isfile(path)
     if is_url(path):
         gfile = _gfile()
         return gfile.exists(path) and not gfile.isdir(path)
@@ -141,16 +163,22 @@ def isfile(path: str) -> bool:
 
 
 def size(path: str) -> int:
+    if is_s3(path):
+        return s3_files.stat(path)["size"]
     return _gfile().stat(path).length if is_url(path) else os.path.getsize(path)
 
 
 def mtime(path: str) -> float:
     """When the file was last written, in seconds since the epoch."""
+    if is_s3(path):
+        return s3_files.stat(path)["mtime"]
     return _gfile().stat(path).mtime_nsec / 1e9 if is_url(path) else os.path.getmtime(path)
 
 
 def makedirs(path: str) -> None:
-    if is_url(path):
+    if is_s3(path):
+        s3_files.makedirs(path)
+    elif is_url(path):
         _gfile().makedirs(path)
     else:
         os.makedirs(path, exist_ok=True)
@@ -158,18 +186,25 @@ def makedirs(path: str) -> None:
 
 def listdir(path: str) -> list[str]:
     """Entry names, without a trailing slash for folders."""
+    if is_s3(path):
+        return s3_files.listdir(path)
     if is_url(path):
         return sorted({name.rstrip("/") for name in _gfile().listdir(path)})
     return sorted(os.listdir(path))
 
 
 def glob(pattern: str) -> list[str]:
+    if is_s3(pattern):
+        return s3_files.glob(pattern)
     return sorted(_gfile().glob(pattern) if is_url(pattern) else _glob.glob(pattern))
 
 
 def rename(source: str, target: str) -> None:
     """Move one file, replacing `target`; on an object store that is a copy and a delete."""
-    if is_url(source) or is_url(target):
+    if is_s3(source) or is_s3(target):
+        copy_file(source, target)
+        remove(source)
+    elif is_url(source) or is_url(target):
         _gfile().rename(source, target, overwrite=True)
     else:
         os.replace(source, target)
@@ -177,7 +212,9 @@ def rename(source: str, target: str) -> None:
 
 def rmtree(path: str) -> None:
     """Remove a folder and everything in it; nothing happens if it is not there."""
-    if is_url(path):
+    if is_s3(path):
+        s3_files.rmtree(path)
+    elif is_url(path):
         gfile = _gfile()
         if gfile.exists(path):
             gfile.rmtree(path)
@@ -187,7 +224,9 @@ def rmtree(path: str) -> None:
 
 def remove(path: str) -> None:
     """Remove one file; nothing happens if it is not there."""
-    if is_url(path):
+    if is_s3(path):
+        s3_files.remove(path)
+    elif is_url(path):
         with contextlib.suppress(FileNotFoundError):
             import tensorflow as tf
 
@@ -202,6 +241,9 @@ def remove(path: str) -> None:
 
 def walk_files(root: str) -> Iterator[tuple[str, int]]:
     """(path relative to `root` with '/' separators, size in bytes) of every file under `root`, sorted."""
+    if is_s3(root):
+        yield from s3_files.walk_files(root)
+        return
     if is_url(root):
         gfile, prefix = _gfile(), root.rstrip("/") + "/"
         found = []
@@ -226,19 +268,38 @@ def copy_tree(source: str, target: str, last: tuple[str, ...] = ()) -> int:
     if not is_url(source) and not is_url(target) and not last:
         shutil.copytree(source, target, dirs_exist_ok=True)
         return sum(size for _, size in walk_files(target))
-    gfile, copied = _gfile(), 0
+    copied = 0
     for relative, size in sorted(walk_files(source), key=lambda found: found[0] in last):
-        destination = os.path.join(target, relative)
-        makedirs(os.path.dirname(destination))
-        gfile.copy(os.path.join(source, relative), destination, overwrite=True)
+        copy_file(os.path.join(source, relative), os.path.join(target, relative))
         copied += size
     return copied
+
+
+def copy_file(source: str, target: str) -> None:
+    """Copy one file between any two of a local disk, gs:// and s3://, replacing `target`."""
+    if is_s3(source) and is_s3(target):
+        s3_files.copy(source, target)
+    elif is_s3(target) and not is_url(source):
+        s3_files.upload_file(source, target)
+    elif is_s3(source) and not is_url(target):
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        s3_files.download_file(source, target)
+    elif is_s3(source) or is_s3(target):  # between two stores: streamed through this process
+        with open_stream(source) as reader, open_file(target, "wb") as writer:
+            shutil.copyfileobj(reader, writer, 1 << 20)
+    elif not is_url(source) and not is_url(target):
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        shutil.copyfile(source, target)
+    else:
+        makedirs(os.path.dirname(target))
+        _gfile().copy(source, target, overwrite=True)
 
 
 def create_new(path: str, text: str = "") -> bool:
     """Create the file `path` holding `text` only if nothing is there: True for the one caller that created it,
     False when it existed, however many callers on however many hosts try at once. Locally an exclusive create; on
-    gs:// a create-only precondition (ifGenerationMatch=0), which TensorFlow's file system cannot send."""
+    gs:// a create-only precondition (ifGenerationMatch=0), which TensorFlow's file system cannot send; on s3://
+    `If-None-Match: *`."""
     if not is_url(path):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         try:
@@ -248,9 +309,11 @@ def create_new(path: str, text: str = "") -> bool:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         return True
+    if is_s3(path):
+        return s3_files.create_new(path, text.encode("utf-8"))
     scheme, _, rest = path.partition("://")
     if scheme != "gs":
-        raise ValueError(f"{path}: a create-only write needs a local path or gs://, not {scheme}://")
+        raise ValueError(f"{path}: a create-only write needs a local path, gs:// or s3://, not {scheme}://")
     from google.api_core.exceptions import PreconditionFailed
 
     bucket, _, name = rest.partition("/")

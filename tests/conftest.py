@@ -110,6 +110,30 @@ def gcs(gcs_server, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on loopback (tests/s3_store.py), for the session."""
+    from tests.s3_store import S3Server
+
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The S3 server, with this process's boto3 pointed at it (the standard AWS variables) for one test."""
+    from hpml.components import s3_files
+
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    s3_files.forget_clients()
+    yield s3_server
+    s3_files.forget_clients()
+
+
+@pytest.fixture(scope="session")
 def cluster():
     """Test hosts (network namespaces on a bridge, tests/cluster.py): control, storage, worker1 and worker2."""
     from tests.cluster import Cluster

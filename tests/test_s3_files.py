@@ -1,0 +1,170 @@
+"""hpml's file calls on s3://, against an S3 server on loopback (moto's; tests/s3_store.py): the same answers as on
+a local disk, create-only writes that one writer wins, and clear errors within a bounded time."""
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from hpml.components import files, s3_files
+from hpml.components.errors import SpecError
+
+
+def _tree(root) -> dict[str, bytes]:
+    return {relative: files.open_file(os.path.join(root, relative), "rb").read()
+            for relative, _ in files.walk_files(str(root))}
+
+
+def test_files_on_s3_answer_as_on_a_local_disk(s3, tmp_path):
+    root = f"{s3.root}/{tmp_path.name}"
+    local = tmp_path / "tree"
+    (local / "Split-train").mkdir(parents=True)
+    (local / "Split-train" / "data-0.gz").write_bytes(os.urandom(1000))
+    (local / "Split-train" / "data-1.gz").write_bytes(os.urandom(20 << 20))  # above the spool and one part
+    (local / "schema.pbtxt").write_text("feature { name: 'x' }")
+
+    assert not files.exists(root) and not files.isdir(root)
+    copied = files.copy_tree(str(local), f"{root}/tree", last=("schema.pbtxt",))
+    assert copied == (20 << 20) + 1000 + len("feature { name: 'x' }")
+    assert _tree(f"{root}/tree") == _tree(local)
+    assert files.listdir(f"{root}/tree") == ["Split-train", "schema.pbtxt"]
+    assert files.isdir(f"{root}/tree/Split-train") and not files.isfile(f"{root}/tree/Split-train")
+    assert files.isfile(f"{root}/tree/schema.pbtxt") and not files.isdir(f"{root}/tree/schema.pbtxt")
+    assert files.glob(f"{root}/tree/Split-*/data-*.gz") == [f"{root}/tree/Split-train/data-0.gz",
+                                                            f"{root}/tree/Split-train/data-1.gz"]
+    assert files.glob(f"{root}/tree/*") == [f"{root}/tree/Split-train", f"{root}/tree/schema.pbtxt"]
+    assert files.size(f"{root}/tree/Split-train/data-1.gz") == 20 << 20
+    assert abs(files.mtime(f"{root}/tree/schema.pbtxt") - time.time()) < 120
+
+    # Back to a local disk, and between two folders of the store.
+    files.copy_tree(f"{root}/tree", str(tmp_path / "back"))
+    files.copy_tree(f"{root}/tree", f"{root}/copy")
+    assert _tree(tmp_path / "back") == _tree(local) == _tree(f"{root}/copy")
+
+    # Text and streams.
+    files.write_text(f"{root}/notes/a.txt", "héllo\n")
+    assert files.read_text(f"{root}/notes/a.txt") == "héllo\n"
+    with files.open_file(f"{root}/notes/b.txt", "w") as handle:
+        handle.write("line 1\nline 2\n")
+    with files.open_file(f"{root}/notes/b.txt") as handle:
+        assert handle.readlines() == ["line 1\n", "line 2\n"]
+    with files.open_stream(f"{root}/tree/Split-train/data-1.gz") as stream:
+        assert stream.read(10) == (local / "Split-train" / "data-1.gz").read_bytes()[:10]
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        files.read_text(f"{root}/notes/missing.txt")
+
+    # An empty folder exists; removing leaves nothing.
+    files.makedirs(f"{root}/empty")
+    assert files.isdir(f"{root}/empty") and files.listdir(f"{root}/empty") == []
+    assert "empty" in files.listdir(root)
+    files.rename(f"{root}/notes/a.txt", f"{root}/notes/c.txt")
+    assert files.listdir(f"{root}/notes") == ["b.txt", "c.txt"]
+    files.remove(f"{root}/notes/b.txt")
+    files.remove(f"{root}/notes/b.txt")  # nothing there: nothing happens
+    assert files.listdir(f"{root}/notes") == ["c.txt"]
+    files.rmtree(root)
+    assert not files.exists(root) and files.walk_files(root) and list(files.walk_files(root)) == []
+
+
+def test_a_create_only_write_is_won_by_one_writer_of_many(s3, tmp_path):
+    root = f"{s3.root}/{tmp_path.name}"
+    for key in range(4):
+        path, start, won = f"{root}/_claims/{key}", threading.Barrier(8), []
+
+        def claim(writer, path=path, start=start, won=won):
+            start.wait()
+            if files.create_new(path, f"writer {writer}"):
+                won.append(writer)
+
+        threads = [threading.Thread(target=claim, args=(writer,)) for writer in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(won) == 1, won
+        assert files.read_text(path) == f"writer {won[0]}"
+        assert not files.create_new(path, "late")
+
+
+def test_a_missing_bucket_or_a_store_that_is_down_is_named_in_the_error(s3, monkeypatch):
+    with pytest.raises(SpecError, match=r"s3://no-such-bucket/x\.csv: S3 refused the request \(NoSuchBucket") as err:
+        files.read_text("s3://no-such-bucket/x.csv")
+    assert "bucket's name" in err.value.hint
+
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{port}")
+    s3_files.forget_clients()
+    with pytest.raises(SpecError, match=rf"s3://{s3.bucket}/x\.csv: the S3 store at http://127.0.0.1:{port} did "
+                                        "not answer") as err:
+        files.exists(f"{s3.root}/x.csv")
+    assert "AWS_ENDPOINT_URL_S3" in err.value.hint
+
+
+def test_a_store_that_never_answers_fails_after_the_bounded_retries(s3, monkeypatch):
+    """A store that takes the connection and says nothing: each attempt ends at the read timeout, and the call
+    fails after MAX_ATTEMPTS of them, naming the store."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def accept():
+        listener.settimeout(30)
+        while len(accepted) < 10:
+            try:
+                accepted.append(listener.accept()[0])  # held open, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setattr(s3_files, "READ_TIMEOUT_S", 1)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    s3_files.forget_clients()
+    try:
+        with pytest.raises(SpecError, match="did not answer"):
+            files.read_text(f"{s3.root}/slow.txt")
+        assert len(accepted) == s3_files.MAX_ATTEMPTS, "one connection per attempt, then the error"
+    finally:
+        listener.close()
+        for connection in accepted:
+            connection.close()
+
+
+@pytest.fixture(scope="module")
+def checking_s3():
+    """A second S3 server that checks signatures and policies (moto's IAM access control)."""
+    from tests.s3_store import S3Server
+
+    server = S3Server(bucket="hpml-checked", check_credentials=True).start()
+    yield server
+    server.stop()
+
+
+def test_wrong_or_denied_credentials_are_named_with_what_to_check(checking_s3, monkeypatch):
+    from tests.s3_store import ALLOWED_PREFIX
+
+    for name, value in checking_s3.env().items():
+        monkeypatch.setenv(name, value)
+    s3_files.forget_clients()
+    allowed = f"{checking_s3.root}/{ALLOWED_PREFIX}a.txt"
+    files.write_text(allowed, "ok")
+    assert files.read_text(allowed) == "ok"
+
+    denied = f"{checking_s3.root}/elsewhere/a.txt"
+    with pytest.raises(SpecError, match=r"elsewhere/a\.txt: S3 refused the request \(AccessDenied") as err:
+        files.write_text(denied, "no")
+    assert "permissions" in err.value.hint
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    s3_files.forget_clients()
+    with pytest.raises(SpecError, match="SignatureDoesNotMatch") as err:
+        files.read_text(allowed)
+    assert "AWS_SECRET_ACCESS_KEY" in err.value.hint
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIANOSUCHKEY0000000")
+    s3_files.forget_clients()
+    with pytest.raises(SpecError, match="InvalidAccessKeyId") as err:
+        files.read_text(allowed)
+    assert "AWS_ACCESS_KEY_ID" in err.value.hint
+    s3_files.forget_clients()
