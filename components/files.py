@@ -87,6 +87,11 @@ def open_stream(path: str) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
+def open_text(path: str, encoding: str = "utf-8", newline: str | None = None) -> io.TextIOWrapper:
+    """A text reader in any encoding, streamed from any of a local disk, gs:// and s3://."""
+    return io.TextIOWrapper(open_stream(path), encoding=encoding, newline=newline)
+
+
 def read_text(path: str) -> str:
     """The whole file; FileNotFoundError where it is missing and OSError where it cannot be read, on an object
     store too."""

@@ -244,25 +244,54 @@ def create_new(url: str, data: bytes) -> bool:
 
 
 class _Body(io.RawIOBase):
-    """An object's body as a raw stream, so that io.BufferedReader, io.TextIOWrapper and gzip can read it."""
+    """An object's body as a raw stream, so that io.BufferedReader, io.TextIOWrapper and gzip can read it. A seek
+    starts a ranged GET at the new offset when the next read comes, so a reader can begin at a piece of a large
+    object without downloading what comes before."""
 
     def __init__(self, url: str):
-        bucket, key = split(url)
         self._url = url
-        with _explained(url):
-            self._body = client().get_object(Bucket=bucket, Key=key)["Body"]
+        self._bucket, self._key = split(url)
+        self._position = 0
+        self._body = self._get()
+
+    def _get(self):
+        extra = {"Range": f"bytes={self._position}-"} if self._position else {}
+        with _explained(self._url):
+            response = client().get_object(Bucket=self._bucket, Key=self._key, **extra)
+        self._length = self._position + response["ContentLength"]
+        return response["Body"]
 
     def readable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._length}[whence] + offset
+        if target != self._position:
+            if self._body is not None:
+                self._body.close()
+            self._body, self._position = None, max(0, target)
+        return self._position
+
     def readinto(self, buffer) -> int:
+        if self._position >= self._length:
+            return 0
+        if self._body is None:
+            self._body = self._get()
         with _explained(self._url):
             data = self._body.read(len(buffer))
         buffer[:len(data)] = data
+        self._position += len(data)
         return len(data)
 
     def close(self) -> None:
-        self._body.close()
+        if self._body is not None:
+            self._body.close()
         super().close()
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import difflib
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,11 +88,12 @@ def _feature_names(header: list[str]) -> list[str]:
 
 def profile_csv(path: str, label: str, task: str | None = None, encoding: str = DEFAULT_ENCODING) -> CsvProfile:
     """Read the whole CSV once: each column's kind, and the task its label asks for."""
-    if not os.path.isfile(path):
-        raise InputDataError(f"{path}: no such file", hint="--csv takes the path of a CSV file with a header row")
+    if not files.isfile(path):
+        raise InputDataError(f"{path}: no such file", hint="--csv takes the path or URL (gs://, s3://) of a CSV "
+                                                           "file with a header row")
     codec = "utf-8-sig" if encoding.lower().replace("_", "-") in ("utf-8", "utf8") else encoding
     try:
-        with open(path, newline="", encoding=codec) as handle:
+        with files.open_text(path, codec, newline="") as handle:
             reader = csv.reader(handle)
             header = next(reader, None)
             if not header or not any(cell.strip() for cell in header):
@@ -159,7 +159,7 @@ def profile_csv(path: str, label: str, task: str | None = None, encoding: str = 
                              "classifier needs at least 2", hint="choose another label column")
     features = [i for i in range(len(header)) if i != at]
     return CsvProfile(
-        path=str(Path(path).resolve()), label=label, task=task, rows=rows,
+        path=path if files.is_url(path) else str(Path(path).resolve()), label=label, task=task, rows=rows,
         numeric=tuple(header[i] for i in features if values[i] and numeric[i]),
         categorical=tuple(header[i] for i in features if values[i] and not numeric[i]),
         empty=tuple(header[i] for i in features if not values[i]),

@@ -168,3 +168,17 @@ def test_wrong_or_denied_credentials_are_named_with_what_to_check(checking_s3, m
         files.read_text(allowed)
     assert "AWS_ACCESS_KEY_ID" in err.value.hint
     s3_files.forget_clients()
+
+
+def test_a_stream_seeks_to_a_byte_offset_with_a_ranged_read(s3, tmp_path):
+    data = os.urandom(3 << 20)
+    path = f"{s3.root}/{tmp_path.name}/blob"
+    s3_files.write_bytes(path, data)
+    with files.open_stream(path) as stream:
+        assert stream.read(100) == data[:100]
+        stream.seek(2 << 20)
+        assert stream.tell() == 2 << 20 and stream.read(1000) == data[2 << 20:(2 << 20) + 1000]
+        stream.seek(-10, os.SEEK_END)
+        assert stream.read() == data[-10:] and stream.read() == b""
+        stream.seek(5)
+        assert stream.read(5) == data[5:10]

@@ -1,0 +1,74 @@
+"""Data on s3:// (moto's S3 server on loopback): ExampleGen reads CSV there as it reads it from local disk."""
+import gzip
+
+import tensorflow as tf
+
+from hpml.components import artifacts, files
+from hpml.components.example_gen import EXAMPLE_GEN
+
+
+def _records(uri: str, split: str) -> list[bytes]:
+    shards = artifacts.require_files(artifacts.examples_file_pattern(uri, split), "Examples")
+    return sorted(r.numpy() for r in tf.data.TFRecordDataset(shards, compression_type="GZIP"))
+
+
+def _same_examples(tmp_path, local_input: str, remote_input: str) -> None:
+    local = {"examples": str(tmp_path / "local" / "examples"), "schema": str(tmp_path / "local" / "schema")}
+    remote = {"examples": str(tmp_path / "remote" / "examples"), "schema": str(tmp_path / "remote" / "schema")}
+    EXAMPLE_GEN.run({}, local, {"input_path": local_input})
+    EXAMPLE_GEN.run({}, remote, {"input_path": remote_input})
+    for split in ("train", "eval"):
+        assert _records(remote["examples"], split) == _records(local["examples"], split)
+    assert files.read_text(f"{remote['schema']}/schema.pbtxt") == files.read_text(f"{local['schema']}/schema.pbtxt")
+
+
+def test_example_gen_reads_a_csv_folder_on_s3_as_from_local_disk(s3, tmp_path, penguin_csv):
+    data = f"{s3.root}/{tmp_path.name}/data"
+    raw = open(penguin_csv, "rb").read()
+    files.write_text(f"{data}/_SUCCESS", "")  # a Spark job's marker: not data
+    with files.open_file(f"{data}/part-0.csv.gz", "wb") as handle:  # a compressed part, as Spark writes them
+        handle.write(gzip.compress(raw))
+    _same_examples(tmp_path, penguin_csv, data)
+
+
+def test_a_large_csv_on_s3_is_read_as_pieces_like_local_disk(s3, tmp_path, monkeypatch):
+    """Pieces after the first start at a byte offset: a ranged read there, not a download of what comes before."""
+    from hpml.components.example_gen import csv_chunks
+
+    kinds = ["line", '"two\nlines"', "line"]  # a quoted newline every third row
+    rows = [f'{i},{i * 0.5},"note, {i % 7}",{kinds[i % 3]}' for i in range(3000)]
+    text = "id,value,note,kind\n" + "\n".join(rows) + "\n"
+    local_csv = tmp_path / "big.csv"
+    local_csv.write_text(text)
+    remote_csv = f"{s3.root}/{tmp_path.name}/big.csv"
+    files.write_text(remote_csv, text)
+    monkeypatch.setattr(csv_chunks, "PIECE_BYTES", 16 << 10)
+    pieces = csv_chunks.plan_pieces(remote_csv, "utf-8")
+    assert len(pieces) >= 3 and pieces == [csv_chunks.Piece(remote_csv, p.start, p.end)
+                                           for p in csv_chunks.plan_pieces(str(local_csv), "utf-8")]
+    _same_examples(tmp_path, str(local_csv), remote_csv)
+
+
+def test_hpml_init_and_hpml_run_on_a_csv_on_s3(s3, tmp_path):
+    """A user's flow with the data in a bucket: init reads the CSV there, and the pipeline it writes trains on it."""
+    from tests.test_init import _hpml, _species_csv
+
+    work = tmp_path / "work"
+    work.mkdir()
+    data = f"{s3.root}/{tmp_path.name}/data/species.csv"
+    files.copy_file(_species_csv(tmp_path / "species.csv"), data)
+    done = _hpml("init", "species", "--csv", data, "--label", "kind", cwd=work)
+    assert done.returncode == 0, done.stderr
+    assert "species: classification of 'kind' (2 classes) from 1 numeric and 1 text column(s), 240 rows" in done.stdout
+    assert f"DATA = {data!r}" in (work / "species" / "pipeline.py").read_text()
+    run = _hpml("run", "species", "--param", "epochs=8", "--param", "learning_rate=0.05", cwd=work,
+                HPML_DATA_ROOTS=f"{s3.root}/{tmp_path.name}/data", HPML_HOME=str(tmp_path / "home"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "examples: train=" in run.stdout
+    accuracy = float(next(line for line in run.stdout.splitlines() if line.startswith("eval: "))
+                     .split("accuracy=")[1].split()[0])
+    assert accuracy > 0.85, run.stdout
+
+    missing = f"{s3.root}/{tmp_path.name}/data/nothing.csv"
+    refused = _hpml("init", "other", "--csv", missing, "--label", "kind", cwd=work)
+    assert refused.returncode != 0 and f"{missing}: no such file" in refused.stderr
