@@ -92,6 +92,16 @@ def open_text(path: str, encoding: str = "utf-8", newline: str | None = None) ->
     return io.TextIOWrapper(open_stream(path), encoding=encoding, newline=newline)
 
 
+def tf_readable(path: str) -> str:
+    """A path TensorFlow's readers can open: the path itself, or for s3:// (which TensorFlow cannot read) a local
+    copy from the cache (`s3_cache`)."""
+    if not is_s3(path):
+        return path
+    from hpml.components import s3_cache
+
+    return s3_cache.local_file(path)
+
+
 def read_text(path: str) -> str:
     """The whole file; FileNotFoundError where it is missing and OSError where it cannot be read, on an object
     store too."""

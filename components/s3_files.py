@@ -343,6 +343,7 @@ def upload_file(path: str, url: str) -> None:
 
 
 def download_file(url: str, path: str) -> None:
+    """Download the object, in parallel ranges where it is large."""
     bucket, key = split(url)
     with _explained(url):
         client().download_file(bucket, key, path)

@@ -1,9 +1,12 @@
 """Data on s3:// (moto's S3 server on loopback): ExampleGen reads CSV there as it reads it from local disk."""
 import gzip
+import os
 
+import pytest
 import tensorflow as tf
 
-from hpml.components import artifacts, files
+from hpml.components import artifacts, files, s3_files
+from hpml.components.errors import InputDataError, SpecError
 from hpml.components.example_gen import EXAMPLE_GEN
 
 
@@ -12,11 +15,11 @@ def _records(uri: str, split: str) -> list[bytes]:
     return sorted(r.numpy() for r in tf.data.TFRecordDataset(shards, compression_type="GZIP"))
 
 
-def _same_examples(tmp_path, local_input: str, remote_input: str) -> None:
+def _same_examples(tmp_path, local_input: str, remote_input: str, **params) -> None:
     local = {"examples": str(tmp_path / "local" / "examples"), "schema": str(tmp_path / "local" / "schema")}
     remote = {"examples": str(tmp_path / "remote" / "examples"), "schema": str(tmp_path / "remote" / "schema")}
-    EXAMPLE_GEN.run({}, local, {"input_path": local_input})
-    EXAMPLE_GEN.run({}, remote, {"input_path": remote_input})
+    EXAMPLE_GEN.run({}, local, {"input_path": local_input, **params})
+    EXAMPLE_GEN.run({}, remote, {"input_path": remote_input, **params})
     for split in ("train", "eval"):
         assert _records(remote["examples"], split) == _records(local["examples"], split)
     assert files.read_text(f"{remote['schema']}/schema.pbtxt") == files.read_text(f"{local['schema']}/schema.pbtxt")
@@ -72,3 +75,59 @@ def test_hpml_init_and_hpml_run_on_a_csv_on_s3(s3, tmp_path):
     missing = f"{s3.root}/{tmp_path.name}/data/nothing.csv"
     refused = _hpml("init", "other", "--csv", missing, "--label", "kind", cwd=work)
     assert refused.returncode != 0 and f"{missing}: no such file" in refused.stderr
+
+
+def test_tfrecord_input_on_s3_is_read_through_the_local_cache_like_local_files(s3, tmp_path, penguin_csv,
+                                                                               monkeypatch):
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
+    first = {"examples": str(tmp_path / "first" / "examples"), "schema": str(tmp_path / "first" / "schema")}
+    EXAMPLE_GEN.run({}, first, {"input_path": penguin_csv})
+    remote = f"{s3.root}/{tmp_path.name}/tfrecords"
+    files.copy_tree(first["examples"], remote)
+    _same_examples(tmp_path, first["examples"] + "/Split-*/*.gz", remote + "/Split-*/*.gz", input_format="tfrecord")
+    cached = sorted(os.listdir(tmp_path / "cache"))
+    assert len(cached) == 2, cached  # one copy per shard, kept for the next reader
+
+    # A shard cut short in an upload is named by its URL.
+    shard = files.glob(remote + "/Split-train/*.gz")[0]
+    data = s3_files.read_bytes(shard)
+    s3_files.write_bytes(f"{remote}-cut/part.gz", data[:-4])
+    with pytest.raises(InputDataError, match=rf"^{remote}-cut/part\.gz: corrupted GZIP data after record \d+"):
+        EXAMPLE_GEN.run({}, {"examples": str(tmp_path / "cut" / "examples"), "schema": str(tmp_path / "cut" / "s")},
+                        {"input_path": f"{remote}-cut/part.gz", "input_format": "tfrecord"})
+
+
+def test_the_cache_reuses_an_unchanged_object_and_stays_within_its_budget(s3, tmp_path, monkeypatch):
+    from hpml.components import s3_cache
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HPML_CACHE_DIR", str(cache))
+    monkeypatch.setenv("HPML_CACHE_BYTES", str(2500))
+    root = f"{s3.root}/{tmp_path.name}"
+    for name in "abc":
+        s3_files.write_bytes(f"{root}/{name}.bin", name.encode() * 1000)
+
+    a = files.tf_readable(f"{root}/a.bin")
+    assert open(a, "rb").read() == b"a" * 1000
+    inode = os.stat(a).st_ino
+    assert files.tf_readable(f"{root}/a.bin") == a and os.stat(a).st_ino == inode, "an unchanged object is reused"
+
+    s3_files.write_bytes(f"{root}/a.bin", b"A" * 1000)  # changed: a new ETag, a new copy
+    changed = files.tf_readable(f"{root}/a.bin")
+    assert changed != a and open(changed, "rb").read() == b"A" * 1000
+
+    b = files.tf_readable(f"{root}/b.bin")  # 3000 bytes would exceed 2500: the least recently used copy goes
+    assert not os.path.exists(a) and os.path.exists(changed) and os.path.exists(b)
+    os.utime(changed)
+    files.tf_readable(f"{root}/c.bin")
+    assert sorted(os.listdir(cache)) == sorted(os.path.basename(p) for p in (changed, files.tf_readable(
+        f"{root}/c.bin"))), "b was the least recently used"
+    assert sum(os.path.getsize(cache / name) for name in os.listdir(cache)) <= 2500
+
+    s3_files.write_bytes(f"{root}/big.bin", b"x" * 3000)
+    with pytest.raises(SpecError, match="does not fit the local cache's budget of 2500 bytes") as err:
+        files.tf_readable(f"{root}/big.bin")
+    assert "HPML_CACHE_BYTES" in err.value.hint
+    with pytest.raises(FileNotFoundError):
+        files.tf_readable(f"{root}/missing.bin")
+    assert s3_cache.folder() == str(cache)

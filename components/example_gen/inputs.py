@@ -86,6 +86,5 @@ def looks_like_tfrecord(path: str) -> bool:
 
 
 def has_any_record(path: str) -> bool:
-    opener = gzip.open if is_gzip(path) else open
-    with opener(path, "rb") as handle:
+    with open_binary(path) as handle:
         return bool(handle.read(1))

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hpml.components import tfrecords
+from hpml.components.files import tf_readable
 from hpml.components.errors import InputDataError, op_error_message
 from hpml.components.example_gen import shards
 from hpml.components.example_gen.csv_chunks import item_name
@@ -158,10 +159,11 @@ class WriteTFRecordExamples(beam.DoFn):
         from tfx_bsl.coders import example_coder
 
         decoder = example_coder.ExamplesToRecordBatchDecoder()
-        compression = "GZIP" if is_gzip(path) else ""
+        source = tf_readable(path)
+        compression = "GZIP" if is_gzip(source) else ""
         done = 0
         try:
-            for records in tfrecords.read_batches(path, BATCH_RECORDS, compression):
+            for records in tfrecords.read_batches(source, BATCH_RECORDS, compression):
                 batch = None
                 try:
                     batch = decoder.DecodeBatch(records.tolist())
@@ -176,9 +178,9 @@ class WriteTFRecordExamples(beam.DoFn):
                                np.array([index for index, _ in good]))
                 done += len(records)
         except tf.errors.DataLossError as err:
-            done = self._records_before_loss(path, compression, done)
-            if done == 0 and not looks_like_tfrecord(path):
-                with open_binary(path) as handle:
+            done = self._records_before_loss(source, compression, done)
+            if done == 0 and not looks_like_tfrecord(source):
+                with open_binary(source) as handle:
                     start = handle.read(24).decode("utf-8", "replace")
                 raise InputDataError(f"{path}: not a TFRecord file (it starts with {start!r})",
                                      hint="ExampleGen reads CSV files with input_format='csv'") from None
@@ -186,7 +188,7 @@ class WriteTFRecordExamples(beam.DoFn):
         if compression:
             # TF's GZIP reader stops at the last whole record and never reads the trailer, so a file cut in
             # its last bytes would pass for a complete one.
-            problem = stream_problem(path, "GZIP")
+            problem = stream_problem(source, "GZIP")
             if problem is not None:
                 raise InputDataError(f"{path}: corrupted GZIP data after record {done} ({problem})",
                                      hint="the file was probably cut short in a copy or upload; copy it again")

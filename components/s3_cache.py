@@ -1,0 +1,105 @@
+"""Local copies of s3:// objects for what only TensorFlow reads (TFRecord files, SavedModels): TensorFlow 2.21 has
+no S3 file system.
+
+The cache is a folder of whole files, each named by its object's URL and ETag: an object that has not changed is
+never downloaded twice, and a changed one gets a new name, so a reader never sees a file change under it. A copy
+appears by rename once downloaded. The folder stays within a disk budget: before a download, the least recently
+used copies are removed until the new one fits.
+
+Where: `HPML_CACHE_DIR`, else `$XDG_CACHE_HOME/hpml/s3`, else `~/.cache/hpml/s3`. Budget: `HPML_CACHE_BYTES`, else
+half the free space of that disk when the cache is first used, at most 20 GiB.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import time
+import uuid
+
+from hpml.components import s3_files
+from hpml.components.errors import SpecError
+
+MAX_DEFAULT_BUDGET = 20 << 30
+_PARTIAL = ".partial-"
+
+
+def folder() -> str:
+    configured = os.environ.get("HPML_CACHE_DIR")
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hpml", "s3")
+
+
+def budget(where: str) -> int:
+    configured = os.environ.get("HPML_CACHE_BYTES")
+    if configured:
+        try:
+            return int(configured)
+        except ValueError:
+            raise SpecError(f"HPML_CACHE_BYTES={configured!r} is not a number of bytes") from None
+    return min(MAX_DEFAULT_BUDGET, shutil.disk_usage(where).free // 2)
+
+
+def _name(url: str, etag: str) -> str:
+    key = hashlib.sha256(url.encode()).hexdigest()[:32]
+    return f"{key}-{hashlib.sha256(etag.encode()).hexdigest()[:16]}{os.path.splitext(url)[1][:12]}"
+
+
+def _entries(where: str) -> list[tuple[float, int, str]]:
+    """(last used, size, path) of the whole copies, least recently used first. Partial downloads an hour old were
+    left by a killed process: they are removed."""
+    found, stale = [], time.time() - 3600
+    with os.scandir(where) as entries:
+        for entry in entries:
+            if not entry.is_file():
+                continue
+            info = entry.stat()
+            if _PARTIAL not in entry.name:
+                found.append((info.st_mtime, info.st_size, entry.path))
+            elif info.st_mtime < stale:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+    return sorted(found)
+
+
+def _make_room(where: str, needed: int, limit: int, keep: str) -> None:
+    """Remove the least recently used copies until `needed` more bytes fit in `limit`."""
+    if needed > limit:
+        raise SpecError(f"an object of {needed} bytes does not fit the local cache's budget of {limit} bytes",
+                        hint="raise HPML_CACHE_BYTES, or point HPML_CACHE_DIR at a larger disk")
+    entries = _entries(where)
+    used = sum(size for _, size, _ in entries)
+    for _, size, path in entries:
+        if used + needed <= limit:
+            break
+        if path != keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a reader that has the file open keeps reading it
+            used -= size
+
+
+def local_file(url: str) -> str:
+    """The path of a local copy of the s3:// object `url` as it is now (its ETag), downloaded only where the cache
+    has none; FileNotFoundError where there is no such object."""
+    where = folder()
+    os.makedirs(where, exist_ok=True)
+    for _ in range(3):  # an object replaced during its download is downloaded again
+        info = s3_files.stat(url)
+        path = os.path.join(where, _name(url, info["etag"]))
+        if os.path.exists(path):
+            os.utime(path)  # recently used: the last to be removed
+            return path
+        _make_room(where, info["size"], budget(where), keep=path)
+        partial = f"{path}{_PARTIAL}{uuid.uuid4().hex[:12]}"
+        try:
+            s3_files.download_file(url, partial)
+            if s3_files.stat(url)["etag"] == info["etag"]:
+                os.replace(partial, path)
+                return path
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    raise SpecError(f"{url}: the object changed during each of 3 downloads", hint="is something rewriting it?")
