@@ -93,13 +93,13 @@ def open_text(path: str, encoding: str = "utf-8", newline: str | None = None) ->
 
 
 def tf_readable(path: str) -> str:
-    """A path TensorFlow's readers can open: the path itself, or for s3:// (which TensorFlow cannot read) a local
-    copy from the cache (`s3_cache`)."""
+    """A path TensorFlow's readers can open (a file, or a folder such as a SavedModel): the path itself, or for
+    s3:// (which TensorFlow cannot read) a local copy from the cache (`s3_cache`)."""
     if not is_s3(path):
         return path
     from hpml.components import s3_cache
 
-    return s3_cache.local_file(path)
+    return s3_cache.local_tree(path) if s3_files.isdir(path) else s3_cache.local_file(path)
 
 
 def read_text(path: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -48,20 +49,30 @@ def _name(url: str, etag: str) -> str:
     return f"{key}-{hashlib.sha256(etag.encode()).hexdigest()[:16]}{os.path.splitext(url)[1][:12]}"
 
 
+def _tree_size(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a reader that has the file open keeps reading it
+
+
 def _entries(where: str) -> list[tuple[float, int, str]]:
-    """(last used, size, path) of the whole copies, least recently used first. Partial downloads an hour old were
-    left by a killed process: they are removed."""
+    """(last used, size, path) of the whole copies (files and folders), least recently used first. Partial
+    downloads an hour old were left by a killed process: they are removed."""
     found, stale = [], time.time() - 3600
     with os.scandir(where) as entries:
         for entry in entries:
-            if not entry.is_file():
-                continue
             info = entry.stat()
             if _PARTIAL not in entry.name:
-                found.append((info.st_mtime, info.st_size, entry.path))
+                found.append((info.st_mtime, _tree_size(entry.path) if entry.is_dir() else info.st_size,
+                              entry.path))
             elif info.st_mtime < stale:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
+                _remove(entry.path)
     return sorted(found)
 
 
@@ -76,8 +87,7 @@ def _make_room(where: str, needed: int, limit: int, keep: str) -> None:
         if used + needed <= limit:
             break
         if path != keep:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)  # a reader that has the file open keeps reading it
+            _remove(path)
             used -= size
 
 
@@ -103,3 +113,33 @@ def local_file(url: str) -> str:
             if os.path.exists(partial):
                 os.unlink(partial)
     raise SpecError(f"{url}: the object changed during each of 3 downloads", hint="is something rewriting it?")
+
+
+def local_tree(url: str) -> str:
+    """The path of a local copy of every object under the s3:// folder `url`, as they are now: a folder named by
+    the URL and every object's ETag, so an unchanged folder (a published artifact) is downloaded once."""
+    where = folder()
+    os.makedirs(where, exist_ok=True)
+    listing = s3_files.list_etags(url)
+    if not listing:
+        raise FileNotFoundError(url)
+    path = os.path.join(where, _name(url, json.dumps(listing, sort_keys=True)))
+    if os.path.isdir(path):
+        os.utime(path)
+        return path
+    _make_room(where, sum(size for size, _ in listing.values()), budget(where), keep=path)
+    partial = f"{path}{_PARTIAL}{uuid.uuid4().hex[:12]}"
+    try:
+        for relative in listing:
+            s3_files.download_file(f"{url.rstrip('/')}/{relative}", os.path.join(partial, relative))
+        if s3_files.list_etags(url) != listing:
+            raise SpecError(f"{url}: objects changed while the folder was downloaded",
+                            hint="a published artifact never changes: is a task still writing it?")
+        try:
+            os.rename(partial, path)
+        except OSError:  # another process put the same folder there first
+            if not os.path.isdir(path):
+                raise
+    finally:
+        _remove(partial)
+    return path

@@ -171,6 +171,15 @@ def walk_files(root: str) -> list[tuple[str, int]]:
                       if not entry["Key"].endswith("/"))
 
 
+def list_etags(root: str) -> dict[str, tuple[int, str]]:
+    """{path relative to `root`: (size, ETag)} of every object under `root`, in one listing."""
+    bucket, key = split(root)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    with _explained(root):
+        return {entry["Key"][len(prefix):]: (entry["Size"], entry["ETag"]) for entry in _keys(bucket, prefix)
+                if not entry["Key"].endswith("/")}
+
+
 def _pattern(glob_pattern: str) -> re.Pattern:
     """A glob as a regular expression over keys: `*` and `?` stop at a slash, as in TensorFlow's glob."""
     out, i = [], 0
@@ -345,6 +354,7 @@ def upload_file(path: str, url: str) -> None:
 def download_file(url: str, path: str) -> None:
     """Download the object, in parallel ranges where it is large."""
     bucket, key = split(url)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with _explained(url):
         client().download_file(bucket, key, path)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Mapping
 
-from hpml.components import artifacts
+from hpml.components import artifacts, staging
 from hpml.components.artifacts import ArtifactType
 from hpml.components.errors import SpecError, known_names
 
@@ -146,7 +146,8 @@ class ComponentSpec:
                 f"{self.name}: outputs must be exactly {sorted(self.outputs)}, got {sorted(outputs)}"
             )
         resolved = self.resolve_params(params)
-        return dict(self.load_executor()(inputs, outputs, resolved) or {})
+        with staging.staged(inputs, outputs) as (local_inputs, local_outputs):  # s3:// goes through local folders
+            return dict(self.load_executor()(local_inputs, local_outputs, resolved) or {})
 
     def load_executor(self) -> Executor:
         """The executor function, importing its module if the spec names it as "module:function"."""

@@ -77,7 +77,7 @@ def _load(name: str, serving: str):
 
     if not files.isfile(f"{serving}/saved_model.pb"):
         raise SpecError(f"Gate: the {name} model has no SavedModel at {serving}")
-    loaded = tf.saved_model.load(serving)
+    loaded = tf.saved_model.load(files.tf_readable(serving))
     if artifacts.CLASS_NAMES_SIGNATURE in loaded.signatures:
         return _Classifier(name, loaded)
     outputs = loaded.signatures["serving_default"].structured_outputs if "serving_default" in loaded.signatures \

@@ -6,8 +6,8 @@ stay taken: a version number is never given twice.
 
 A version appears whole or not at all. In a local folder, the model is copied into a hidden folder beside the
 versions, then renamed to its number; a rename onto a number another pusher took first fails, so two pushers
-finishing together take the next free numbers in turn. On gs://, which has no rename, a pusher first claims its
-number with a create-only object `_claims/<version>` (one claimant wins, on any host), then uploads the version
+finishing together take the next free numbers in turn. On gs:// and s3://, which have no rename, a pusher first claims
+its number with a create-only object `_claims/<version>` (one claimant wins, on any host), then uploads the version
 with `saved_model.pb` last: a version counts, for hpml and for TF Serving's loader, once that file is there.
 """
 from __future__ import annotations
@@ -63,9 +63,9 @@ def champion(destination: str) -> int | None:
 def check_writable(destination: str) -> str | None:
     """A problem that stops a push to `destination`, found before any work is done; None when it can be written."""
     if files.is_url(destination):
-        if not destination.startswith("gs://"):
-            return (f"{destination}: a serving destination is a local folder or a gs:// folder; other object "
-                    "stores are not supported yet")
+        if not destination.startswith(("gs://", "s3://")):
+            return (f"{destination}: a serving destination is a local folder, a gs:// or an s3:// folder; other "
+                    "object stores are not supported")
         bucket = "/".join(destination.split("/", 3)[:3])
         try:
             found = files.exists(bucket)

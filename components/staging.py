@@ -1,0 +1,50 @@
+"""Components whose artifacts are on s3://, which TensorFlow cannot open: the executor runs on local folders.
+
+Each s3:// input is a local copy from the cache (`s3_cache.local_tree`, downloaded once per published version);
+each s3:// output is a fresh local folder, uploaded when the executor succeeds and published the way every
+object-store artifact is: the earlier attempt's objects removed first, the manifest (`_hpml_published.json`)
+written last. A reader takes an artifact only once its manifest is there, so an upload cut short, or a retried
+task's leftovers, never count. Nothing is uploaded when the executor fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+
+from hpml.components import artifacts, files, s3_cache
+from hpml.components.s3_files import is_s3
+
+
+def _any_s3(uris: Mapping) -> bool:
+    return any(is_s3(one) for uri in uris.values() for one in (uri if isinstance(uri, (list, tuple)) else [uri])
+               if one is not None)
+
+
+def _local_input(uri):
+    if isinstance(uri, (list, tuple)):
+        return [_local_input(one) for one in uri]
+    return s3_cache.local_tree(uri) if uri is not None and is_s3(uri) else uri
+
+
+@contextlib.contextmanager
+def staged(inputs: Mapping, outputs: Mapping[str, str]) -> Iterator[tuple[dict, dict]]:
+    """(inputs, outputs) for the executor: local folders in place of s3:// URIs, uploaded on success."""
+    if not _any_s3(inputs) and not _any_s3(outputs):
+        yield dict(inputs), dict(outputs)
+        return
+    local_inputs = {name: _local_input(uri) for name, uri in inputs.items()}
+    beside_cache = os.path.join(os.path.dirname(s3_cache.folder()), "staging")
+    os.makedirs(beside_cache, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="hpml-staged-", dir=beside_cache)
+    try:
+        local_outputs = {name: os.path.join(work, name) if is_s3(uri) else uri for name, uri in outputs.items()}
+        yield local_inputs, local_outputs
+        for name, uri in outputs.items():
+            if is_s3(uri):
+                with artifacts.publish(uri) as target:
+                    files.copy_tree(local_outputs[name], target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
