@@ -6,8 +6,8 @@ never downloaded twice, and a changed one gets a new name, so a reader never see
 appears by rename once downloaded. The folder stays within a disk budget: before a download, the least recently
 used copies are removed until the new one fits.
 
-Where: `HPML_CACHE_DIR`, else `$XDG_CACHE_HOME/hpml/s3`, else `~/.cache/hpml/s3`. Budget: `HPML_CACHE_BYTES`, else
-half the free space of that disk when the cache is first used, at most 20 GiB.
+Where: `s3/` in `HPML_CACHE_DIR`, else in `$XDG_CACHE_HOME/hpml`, else in `~/.cache/hpml`. Budget: `HPML_CACHE_BYTES`,
+else half the free space of that disk when the cache is used, at most 20 GiB.
 """
 from __future__ import annotations
 
@@ -26,12 +26,21 @@ MAX_DEFAULT_BUDGET = 20 << 30
 _PARTIAL = ".partial-"
 
 
-def folder() -> str:
+def _base() -> str:
     configured = os.environ.get("HPML_CACHE_DIR")
     if configured:
         return configured
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "hpml", "s3")
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "hpml")
+
+
+def folder() -> str:
+    """Where the copies are kept."""
+    return os.path.join(_base(), "s3")
+
+
+def staging_folder() -> str:
+    """Where components write the outputs they upload to s3:// (`staging`): beside the cache, on the same disk."""
+    return os.path.join(_base(), "s3-staging")
 
 
 def budget(where: str) -> int:

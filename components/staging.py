@@ -12,10 +12,20 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 
 from hpml.components import artifacts, files, s3_cache
 from hpml.components.s3_files import is_s3
+
+
+_ACTIVE = threading.local()
+
+
+def active() -> bool:
+    """Whether the executor running in this thread works on local copies of s3:// artifacts: what it hands to
+    another machine (a remote launcher's workers) would not be there."""
+    return getattr(_ACTIVE, "staged", False)
 
 
 def _any_s3(uris: Mapping) -> bool:
@@ -36,12 +46,15 @@ def staged(inputs: Mapping, outputs: Mapping[str, str]) -> Iterator[tuple[dict, 
         yield dict(inputs), dict(outputs)
         return
     local_inputs = {name: _local_input(uri) for name, uri in inputs.items()}
-    beside_cache = os.path.join(os.path.dirname(s3_cache.folder()), "staging")
-    os.makedirs(beside_cache, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="hpml-staged-", dir=beside_cache)
+    os.makedirs(s3_cache.staging_folder(), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="hpml-staged-", dir=s3_cache.staging_folder())
     try:
         local_outputs = {name: os.path.join(work, name) if is_s3(uri) else uri for name, uri in outputs.items()}
-        yield local_inputs, local_outputs
+        _ACTIVE.staged = True
+        try:
+            yield local_inputs, local_outputs
+        finally:
+            _ACTIVE.staged = False
         for name, uri in outputs.items():
             if is_s3(uri):
                 with artifacts.publish(uri) as target:

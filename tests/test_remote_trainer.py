@@ -152,6 +152,20 @@ def test_remote_settings_are_checked_before_anything_is_submitted(penguin_output
     assert not os.path.exists(tmp_path / "refused")
 
 
+def test_a_remote_launcher_is_refused_for_a_model_on_s3_before_anything_is_submitted(penguin_outputs, operator, s3,
+                                                                                     tmp_path):
+    """The Trainer works on this machine's local copies of s3:// artifacts: a TFJob's pods would find none."""
+    from hpml.components import files
+
+    root = f"{s3.root}/{tmp_path.name}"
+    with pytest.raises(SpecError, match="launcher 'kubernetes' runs the workers on other machines, which cannot read "
+                                        "this machine's local copies of the s3:// artifacts"):
+        TRAINER.run(trainer_inputs(penguin_outputs), {"model": f"{root}/model", "model_run": f"{root}/model_run"},
+                    _params())
+    assert operator.requests == [], "no job was submitted"
+    assert not files.exists(root), "nothing was uploaded"
+
+
 def test_penguin_pipeline_trains_on_the_cluster_the_deployment_configures(airflow_db, operator, tmp_path, monkeypatch):
     import json
 

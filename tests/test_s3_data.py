@@ -85,7 +85,7 @@ def test_tfrecord_input_on_s3_is_read_through_the_local_cache_like_local_files(s
     remote = f"{s3.root}/{tmp_path.name}/tfrecords"
     files.copy_tree(first["examples"], remote)
     _same_examples(tmp_path, first["examples"] + "/Split-*/*.gz", remote + "/Split-*/*.gz", input_format="tfrecord")
-    cached = sorted(os.listdir(tmp_path / "cache"))
+    cached = sorted(os.listdir(tmp_path / "cache" / "s3"))
     assert len(cached) == 2, cached  # one copy per shard, kept for the next reader
 
     # A shard cut short in an upload is named by its URL.
@@ -100,8 +100,8 @@ def test_tfrecord_input_on_s3_is_read_through_the_local_cache_like_local_files(s
 def test_the_cache_reuses_an_unchanged_object_and_stays_within_its_budget(s3, tmp_path, monkeypatch):
     from hpml.components import s3_cache
 
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("HPML_CACHE_DIR", str(cache))
+    cache = tmp_path / "cache" / "s3"
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("HPML_CACHE_BYTES", str(2500))
     root = f"{s3.root}/{tmp_path.name}"
     for name in "abc":

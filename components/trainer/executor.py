@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Any
 from collections.abc import Mapping
 
-from hpml.components import artifacts, files
+from hpml.components import artifacts, files, staging
 from hpml.components.errors import SpecError
 from hpml.components.trainer import plan as plan_mod
 from hpml.components.trainer.callbacks import close_terminal_progress, read_metrics
@@ -79,6 +79,11 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     eval_files = _check_inputs(inputs["examples"], params["eval_splits"])
     distillation = distill_mode.plan(inputs["examples"], inputs.get("teachers"), params)
     cluster = remote.RemoteCluster.from_params(params["launcher"], params["cluster"]) if _remote(params) else None
+    if cluster is not None and staging.active():
+        raise SpecError(f"Trainer: launcher {params['launcher']!r} runs the workers on other machines, which cannot "
+                        "read this machine's local copies of the s3:// artifacts (TensorFlow has no S3 file system)",
+                        hint="train with launcher 'local' where the artifact root is on s3://, or put it on gs:// or "
+                             "a mount every node has")
     if cluster is not None:
         remote.check_reachable(params["launcher"], cluster, working_dir_for(outputs["model"]))
     plan = make_plan(params)
