@@ -37,6 +37,24 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def run_hpml(pipeline_dir: str, csv: str, home: str, **env: str) -> float:
+    """`hpml run` of a pipeline on the CSV (one epoch at batch_size 1024) with its state in `home`; its wall
+    seconds. The cache (the tuned step, local copies of s3:// objects) starts empty in `home`."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HPML_HOME": home, "HPML_DATA_ROOTS": os.path.dirname(csv), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "XDG_CACHE_HOME": os.path.join(home, "cache"), **env}
+    started = time.perf_counter()
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "hpml"), "run", pipeline_dir,
+                           "--param", "epochs=1", "--param", "batch_size=1024", "--param", f"data_path={csv}"],
+                          env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode:
+        raise RuntimeError(f"hpml run failed:\n{done.stderr[-3000:]}")
+    return seconds
+
+
 def write_results(name: str, data: dict, table: str) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, sort_keys=True))

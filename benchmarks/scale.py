@@ -31,7 +31,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import RESULTS, machine, median, peak_rss_mib, time_transform_phases, write_results  # noqa: E402
+from _common import (RESULTS, machine, median, peak_rss_mib, run_hpml, time_transform_phases,  # noqa: E402
+                     write_results)
 
 TFX_PYTHON = os.path.join(REPO, ".venv-tfx", "bin", "python")
 _CHILD = "--child"
@@ -108,15 +109,7 @@ def _hpml_run(csv: str, pipeline_dir: str, home: str) -> dict:
     any Beam worker processes it waited for)."""
     import resource
 
-    env = {**os.environ, "HPML_HOME": home, "HPML_DATA_ROOTS": os.path.dirname(csv), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "XDG_CACHE_HOME": os.path.join(home, "cache")}  # the tuned step measured, not reused
-    started = time.perf_counter()
-    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "hpml"), "run", pipeline_dir,
-                           "--param", "epochs=1", "--param", "batch_size=1024", "--param", f"data_path={csv}"],
-                          env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if done.returncode:
-        raise RuntimeError(f"hpml run failed:\n{done.stderr[-3000:]}")
+    seconds = run_hpml(pipeline_dir, csv, home)
     os.environ.update(HPML_HOME=home)
     from hpml.pipelines import records
 
