@@ -22,6 +22,11 @@ from hpml.components.s3_files import is_s3
 _ACTIVE = threading.local()
 
 
+def published_uri(path: str) -> str:
+    """The s3:// URI a staged output folder is uploaded to; any other path as it is."""
+    return getattr(_ACTIVE, "published", {}).get(path, path)
+
+
 def active() -> bool:
     """Whether the executor running in this thread works on local copies of s3:// artifacts: what it hands to
     another machine (a remote launcher's workers) would not be there."""
@@ -51,10 +56,11 @@ def staged(inputs: Mapping, outputs: Mapping[str, str]) -> Iterator[tuple[dict, 
     try:
         local_outputs = {name: os.path.join(work, name) if is_s3(uri) else uri for name, uri in outputs.items()}
         _ACTIVE.staged = True
+        _ACTIVE.published = {local_outputs[name]: uri for name, uri in outputs.items() if is_s3(uri)}
         try:
             yield local_inputs, local_outputs
         finally:
-            _ACTIVE.staged = False
+            _ACTIVE.staged, _ACTIVE.published = False, {}
         for name, uri in outputs.items():
             if is_s3(uri):
                 with artifacts.publish(uri) as target:

@@ -137,9 +137,11 @@ TRAINER.run(inputs, outputs, params)
 """
 
 
-def _trainer_process(inputs, outputs, params, log) -> subprocess.Popen:
-    """The Trainer in a process of its own, its output in the file `log` (a pipe nobody reads would fill up)."""
-    return subprocess.Popen([sys.executable, "-c", TRAIN_ONCE, json.dumps([inputs, outputs, params])], cwd=REPO,
+def _trainer_process(inputs, outputs, params, log, logged: bool = False) -> subprocess.Popen:
+    """The Trainer in a process of its own, its output in the file `log` (a pipe nobody reads would fill up);
+    `logged` adds hpml's INFO lines."""
+    code = ("import logging; logging.basicConfig(level=logging.INFO)\n" if logged else "") + TRAIN_ONCE
+    return subprocess.Popen([sys.executable, "-c", code, json.dumps([inputs, outputs, params])], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -207,3 +209,52 @@ def test_a_backup_without_a_train_counter_is_named(tmp_path):
     with pytest.raises(SpecError, match=r"backup .*chief/ckpt-1 holds no train counter"):
         backed_up_steps(str(tmp_path / "backup"))
     assert backed_up_steps(str(tmp_path / "none")) == 0
+
+
+def test_a_trainer_killed_on_one_machine_resumes_on_another_from_its_backup_on_s3(penguin_outputs, s3, tmp_path,
+                                                                                   monkeypatch):
+    """The model on s3://: each backup is uploaded, checkpoint index last. The process is killed mid-training, the
+    store is given the first half of a newer checkpoint (an upload cut short), and the retry runs with an empty
+    local disk (another machine): it restores the last whole backup and ends with the uninterrupted weights."""
+    from hpml.components import files
+    from hpml.components.trainer.progress_state import PROGRESS_DIR
+
+    inputs, params = trainer_inputs(penguin_outputs), dict(PARAMS, strategy="one_device")
+    whole = trainer_outputs(tmp_path, "whole")
+    root = f"{s3.root}/{tmp_path.name}"
+    killed = {"model": f"{root}/model", "model_run": f"{root}/model_run"}
+    work, chief = f"{root}/model.work", f"{root}/model.work/backup/chief"
+    log = open(tmp_path / "trainer.log", "w+")
+
+    def finished(process):
+        if process.wait(timeout=300) != 0:
+            log.seek(0)
+            raise AssertionError(log.read()[-3000:])
+
+    finished(_trainer_process(inputs, whole, params, log))
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "first-machine"))
+    process = _trainer_process(inputs, killed, params, log)
+    deadline = time.time() + 300
+    while process.poll() is None and time.time() < deadline:
+        progress = read_progress(f"{work}/{PROGRESS_DIR}") or {}  # the live progress, on the store
+        if progress.get("step", 0) >= TOTAL_STEPS // 2 and files.isfile(f"{chief}/checkpoint"):
+            break
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "killed mid-training"
+    assert not files.exists(killed["model"]), "nothing was published"
+    index = files.read_text(f"{chief}/checkpoint")
+    files.write_text(f"{chief}/ckpt-999.index", "the first half of an upload")  # no index names it
+
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "second-machine"))
+    log.seek(0, os.SEEK_END)
+    started = log.tell()
+    finished(_trainer_process(inputs, killed, params, log, logged=True))
+    log.seek(started)
+    retry = log.read()
+    assert f"restored the backup from {work}/backup" in retry
+    resumed = int(retry.split("resuming from the backup after ")[1].split()[0])
+    assert resumed >= TOTAL_STEPS // 2 - 5 * 28, (resumed, index)
+    served = files.tf_readable(killed["model"])
+    _assert_same_weights(_serving_weights({"model": served}), _serving_weights(whole))
+    assert not files.exists(work), "the working dir on the store is removed once the model is published"

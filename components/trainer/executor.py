@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 from hpml.components import artifacts, files, staging
 from hpml.components.errors import SpecError
+from hpml.components.trainer import backup_mirror
+from hpml.components.trainer.resume import BACKUP_DIR
 from hpml.components.trainer import plan as plan_mod
 from hpml.components.trainer.callbacks import close_terminal_progress, read_metrics
 from hpml.components.trainer.distill import mode as distill_mode
@@ -99,8 +101,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         log.info("input pipeline cache: %s", input_cache)
     data_accessor = (input_pipeline_data_accessor(spec, skipped_shards, params["hyperparameters"].get("epochs"))
                      if spec else tfxio_data_accessor())
-    working_dir = working_dir_for(outputs["model"])
+    # Run-scoped, where the model is published: on s3:// the backups and live progress outlive this machine.
+    working_dir = working_dir_for(staging.published_uri(outputs["model"]))
     files.makedirs(working_dir)
+    backup_mirror.restore(working_dir, BACKUP_DIR)
     launch = None
     with artifacts.publish(outputs["model"]) as model_dir, artifacts.publish(outputs["model_run"]) as run_dir:
         fn_args = FnArgs(
@@ -153,6 +157,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                 files.write_text(os.path.join(run_dir, STALL_FILE), json.dumps(input_stall, indent=2))
         tuned_step = _read_json(os.path.join(run_dir, TUNED_STEP_FILE))
     files.rmtree(working_dir)
+    backup_mirror.remove(working_dir)
     result = {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
               "launch": launch, "input_stall": input_stall, "tuned_step": tuned_step,
               "skipped_shards": sorted(skipped_shards), "input_cache": input_cache,

@@ -17,12 +17,16 @@ from hpml.components.errors import SpecError
 log = logging.getLogger("hpml.trainer")
 
 BACKUP_DIR = "backup"  # under fn_args.working_dir
-_CHIEF = "chief"  # where tf_keras's BackupAndRestore keeps the backup every worker restores
+CHIEF_BACKUP = "chief"  # where tf_keras's BackupAndRestore keeps the backup every worker restores
 _TRAIN_COUNTER = "train_counter/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def backup_dir(working_dir: str) -> str:
-    return os.path.join(working_dir, BACKUP_DIR)
+    """Where TensorFlow writes and reads the backups: on local disk where the working dir is on s3://
+    (`backup_mirror` keeps the store's copy)."""
+    from hpml.components.trainer.backup_mirror import local_working_dir
+
+    return os.path.join(local_working_dir(working_dir), BACKUP_DIR)
 
 
 def backed_up_steps(directory: str) -> int:
@@ -33,7 +37,7 @@ def backed_up_steps(directory: str) -> int:
     """
     import tensorflow as tf
 
-    latest = tf.train.latest_checkpoint(os.path.join(directory, _CHIEF))
+    latest = tf.train.latest_checkpoint(os.path.join(directory, CHIEF_BACKUP))
     if not latest:
         return 0
     reader = tf.train.load_checkpoint(latest)

@@ -40,6 +40,7 @@ def main(job_path: str) -> int:
         _serve(config)
         return 0
 
+    from hpml.components.trainer.backup_mirror import local_working_dir
     from hpml.components.trainer.fn_args import FnArgs, make_data_accessor
     from hpml.components.trainer.strategies import is_chief, make_strategy
 
@@ -48,7 +49,7 @@ def main(job_path: str) -> int:
 
     fields = dict(job["fn_args"])
     if not is_chief():
-        scratch = os.path.join(fields["working_dir"], f"{task['type']}-{task['index']}")
+        scratch = os.path.join(local_working_dir(fields["working_dir"]), f"{task['type']}-{task['index']}")
         fields["serving_model_dir"] = os.path.join(scratch, "serving")
         fields["model_run_dir"] = os.path.join(scratch, "model_run")
         fields["eval_model_dir"] = os.path.join(scratch, "eval")

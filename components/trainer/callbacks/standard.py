@@ -39,7 +39,9 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
                        save_freq: int | str = "epoch", examples_per_epoch: int | None = None) -> list:
     """A divergence check, BackupAndRestore (under every strategy that supports it), TensorBoard, per-epoch
     metrics, progress. `examples_per_epoch`, where known, keeps a short last batch from inflating examples/s."""
-    from hpml.components.trainer.resume import backup_dir
+    from hpml.components.s3_files import is_s3
+    from hpml.components.trainer.callbacks.backup_upload import BackupUpload
+    from hpml.components.trainer.resume import BACKUP_DIR, CHIEF_BACKUP, backup_dir
     from hpml.components.trainer.strategies import BACKUP_CAPABLE, is_chief
 
     _warn_of_one_short_batch(batch_size, examples_per_epoch)
@@ -60,6 +62,8 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
         # end of fit, as tf_keras does by default, the retry trained every epoch again from scratch.
         callbacks.append(BackupAndRestore(backup_dir(fn_args.working_dir), save_freq=save_freq,
                                           delete_checkpoint=False))
+        if is_s3(fn_args.working_dir) and is_chief():  # the store keeps each backup for a retry elsewhere
+            callbacks.append(BackupUpload(fn_args.working_dir, BACKUP_DIR, CHIEF_BACKUP))
     else:
         log.warning("BackupAndRestore does not support strategy %s; this run has no backups", strategy_name)
     callbacks += [

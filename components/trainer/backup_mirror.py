@@ -1,0 +1,85 @@
+"""Backups of a Trainer whose working dir is on s3://: TensorFlow writes and reads them on local disk, and the
+store keeps the last whole one, so a retried task on another machine resumes where this one stopped.
+
+TensorFlow's checkpoint index (`checkpoint`) names a checkpoint only once it is whole; the upload keeps that
+rule on the store: the new checkpoint's files go first, the index last, and the files of the older checkpoint are
+removed after. A download reads the index first and takes the checkpoint it names, so it never sees half of
+one, however an upload was cut short.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+
+from hpml.components import files, s3_cache
+from hpml.components.s3_files import is_s3
+
+log = logging.getLogger("hpml.trainer")
+
+INDEX_FILE = "checkpoint"  # TensorFlow's checkpoint index
+
+
+def local_working_dir(working_dir: str) -> str:
+    """Where TensorFlow keeps what it writes under `working_dir`: the folder itself, or for s3:// a local folder
+    named by the URL (the same for every process on this machine)."""
+    if not is_s3(working_dir):
+        return working_dir
+    name = hashlib.sha256(working_dir.encode()).hexdigest()[:24]
+    return os.path.join(os.path.dirname(s3_cache.staging_folder()), "s3-work", name)
+
+
+def _checkpoint_files(folder: str, index_text: str) -> list[str]:
+    """The files (relative to `folder`) of the checkpoint an index names, the index last."""
+    for line in index_text.splitlines():
+        if line.startswith("model_checkpoint_path:"):
+            prefix = line.split(":", 1)[1].strip().strip('"')
+            names = [name for name in files.listdir(folder) if name.startswith(f"{prefix}.")]
+            return [*sorted(names), INDEX_FILE]
+    return []
+
+
+def restore(working_dir: str, backup_subdir: str) -> int:
+    """Put the store's last whole backup under the local working dir (replacing what is there); the bytes
+    downloaded. Nothing happens for a working dir that is not on s3://."""
+    if not is_s3(working_dir):
+        return 0
+    local_root = os.path.join(local_working_dir(working_dir), backup_subdir)
+    shutil.rmtree(local_root, ignore_errors=True)
+    remote_root = os.path.join(working_dir, backup_subdir)
+    copied = 0
+    for folder in sorted({os.path.dirname(path) for path, _ in files.walk_files(remote_root)}):
+        remote, local = os.path.join(remote_root, folder), os.path.join(local_root, folder)
+        try:
+            index = files.read_text(os.path.join(remote, INDEX_FILE))
+        except FileNotFoundError:
+            continue
+        for name in _checkpoint_files(remote, index):
+            files.copy_file(os.path.join(remote, name), os.path.join(local, name))
+            copied += files.size(os.path.join(local, name))
+    if copied:
+        log.info("restored the backup from %s (%.1f MB)", remote_root, copied / 1e6)
+    return copied
+
+
+def upload(working_dir: str, backup_subdir: str, folder: str) -> None:
+    """Upload the checkpoint the local index in `folder` (relative to the backup dir) names, index last, then
+    remove the store's files of older checkpoints."""
+    local = os.path.join(local_working_dir(working_dir), backup_subdir, folder)
+    remote = os.path.join(working_dir, backup_subdir, folder)
+    index_path = os.path.join(local, INDEX_FILE)
+    if not os.path.exists(index_path):
+        return
+    wanted = _checkpoint_files(local, open(index_path, encoding="utf-8").read())
+    for name in wanted:
+        files.copy_file(os.path.join(local, name), os.path.join(remote, name))
+    for name in files.listdir(remote):
+        if name not in wanted:
+            files.remove(os.path.join(remote, name))
+
+
+def remove(working_dir: str) -> None:
+    """Remove the local folder of an s3:// working dir (the store's side is removed with the working dir)."""
+    if is_s3(working_dir):
+        shutil.rmtree(local_working_dir(working_dir), ignore_errors=True)
