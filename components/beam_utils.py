@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from hpml.components import staging
 from hpml.components.errors import HpmlError, SpecError
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ _BEAM_CONTEXT = re.compile(r"\s*\[while running '[^']*'\]")
 # Beam's in-process runner, named directly. Beam 2.77's DirectRunner first tries Prism, which it downloads from
 # GitHub at run time (and starts as a separate process), and falls back to this runner only when that fails.
 IN_PROCESS_RUNNER = "FnApiRunner"
+# Runners whose workers are this machine's processes: they read what the component staged on local disk.
+_THIS_MACHINE_RUNNERS = (IN_PROCESS_RUNNER, "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
 
 def deployment_args() -> list[str]:
@@ -61,6 +64,12 @@ def make_pipeline(beam_pipeline_args: Sequence[str] | None, input_bytes: int = 0
                  "choose otherwise", input_bytes / 1e6, _cores(), BEAM_ARGS_ENV)
     if not any(a.startswith("--runner") for a in args):
         args.append(f"--runner={IN_PROCESS_RUNNER}")
+    runner = next(a.split("=", 1)[1] for a in args if a.startswith("--runner="))
+    if staging.active() and runner not in _THIS_MACHINE_RUNNERS:
+        raise SpecError(f"Beam runner {runner} runs workers on other machines, which cannot read this machine's "
+                        "local copies of the s3:// artifacts (TensorFlow has no S3 file system)",
+                        hint=f"leave the runner out ({BEAM_ARGS_ENV} too) where the artifact root is on s3://, or "
+                             "put it on gs:// or a mount every worker has")
     return beam.Pipeline(options=PipelineOptions(args))
 
 

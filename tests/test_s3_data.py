@@ -131,3 +131,23 @@ def test_the_cache_reuses_an_unchanged_object_and_stays_within_its_budget(s3, tm
     with pytest.raises(FileNotFoundError):
         files.tf_readable(f"{root}/missing.bin")
     assert s3_cache.folder() == str(cache)
+
+
+def test_a_beam_runner_on_other_machines_is_refused_for_artifacts_on_s3(s3, tmp_path, penguin_csv, monkeypatch):
+    """The component runs on this machine's local copies of s3:// artifacts: a cluster runner's workers would find
+    none of them. The deployment's runner is refused as well as a pipeline's own."""
+    root = f"{s3.root}/{tmp_path.name}"
+    outputs = {"examples": f"{root}/examples", "schema": f"{root}/schema"}
+    with pytest.raises(SpecError, match="Beam runner PortableRunner runs workers on other machines") as err:
+        EXAMPLE_GEN.run({}, outputs, {"input_path": penguin_csv,
+                                      "beam_pipeline_args": ["--runner=PortableRunner", "--job_endpoint=127.0.0.1:9"]})
+    assert "HPML_BEAM_PIPELINE_ARGS" in err.value.hint
+    monkeypatch.setenv("HPML_BEAM_PIPELINE_ARGS", "--runner=DataflowRunner --project=p --region=r")
+    with pytest.raises(SpecError, match="Beam runner DataflowRunner runs workers on other machines"):
+        EXAMPLE_GEN.run({}, outputs, {"input_path": penguin_csv})
+    assert not files.exists(root), "nothing was uploaded"
+    monkeypatch.delenv("HPML_BEAM_PIPELINE_ARGS")
+    EXAMPLE_GEN.run({}, outputs, {"input_path": penguin_csv,
+                                  "beam_pipeline_args": ["--direct_running_mode=multi_processing",
+                                                         "--direct_num_workers=2"]})  # this machine's processes
+    assert files.isfile(f"{outputs['examples']}/{artifacts.PUBLISHED_FILE}")
