@@ -91,9 +91,9 @@ def _explained(url: str) -> Iterator[None]:
     except NoCredentialsError:
         raise SpecError(f"{url}: no AWS credentials found", hint="set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
                         "AWS_SECRET_ACCESS_KEY, or run where an instance or IRSA role provides them") from None
-    except BotoCoreError as err:  # connection refused or timed out, after the bounded retries
+    except BotoCoreError as err:  # refused, timed out or dropped, after the bounded retries
         endpoint = client().meta.endpoint_url
-        raise SpecError(f"{url}: the S3 store at {endpoint} did not answer ({err})",
+        raise SpecError(f"{url}: no answer from the S3 store at {endpoint} ({err})",
                         hint="check that the store is up and AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL) points "
                              "at it") from None
 

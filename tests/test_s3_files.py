@@ -1,5 +1,6 @@
 """hpml's file calls on s3://, against an S3 server on loopback (moto's; tests/s3_store.py): the same answers as on
 a local disk, create-only writes that one writer wins, and clear errors within a bounded time."""
+import contextlib
 import os
 import socket
 import threading
@@ -97,8 +98,8 @@ def test_a_missing_bucket_or_a_store_that_is_down_is_named_in_the_error(s3, monk
         port = unused.getsockname()[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{port}")
     s3_files.forget_clients()
-    with pytest.raises(SpecError, match=rf"s3://{s3.bucket}/x\.csv: the S3 store at http://127.0.0.1:{port} did "
-                                        "not answer") as err:
+    with pytest.raises(SpecError, match=rf"s3://{s3.bucket}/x\.csv: no answer from the S3 store at "
+                                        rf"http://127.0.0.1:{port} ") as err:
         files.exists(f"{s3.root}/x.csv")
     assert "AWS_ENDPOINT_URL_S3" in err.value.hint
 
@@ -122,7 +123,7 @@ def test_a_store_that_never_answers_fails_after_the_bounded_retries(s3, monkeypa
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{listener.getsockname()[1]}")
     s3_files.forget_clients()
     try:
-        with pytest.raises(SpecError, match="did not answer"):
+        with pytest.raises(SpecError, match="no answer from the S3 store"):
             files.read_text(f"{s3.root}/slow.txt")
         assert len(accepted) == s3_files.MAX_ATTEMPTS, "one connection per attempt, then the error"
     finally:
@@ -182,3 +183,76 @@ def test_a_stream_seeks_to_a_byte_offset_with_a_ranged_read(s3, tmp_path):
         assert stream.read() == data[-10:] and stream.read() == b""
         stream.seek(5)
         assert stream.read(5) == data[5:10]
+
+
+class _DroppingProxy:
+    """A TCP proxy in front of the S3 server that cuts its first `drops` connections after reading part of the
+    request (an upload cut mid-body), then forwards the rest whole."""
+
+    def __init__(self, upstream_port: int, drops: int):
+        self.drops, self.dropped = drops, 0
+        self._upstream = upstream_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client):
+        if self.dropped < self.drops:
+            self.dropped += 1
+            client.settimeout(5)
+            with contextlib.suppress(OSError):
+                client.recv(64 << 10)  # the headers and the first part of the body
+            client.close()
+            return
+        upstream = socket.create_connection(("127.0.0.1", self._upstream))
+
+        def pipe(source, sink):
+            with contextlib.suppress(OSError):
+                while data := source.recv(1 << 16):
+                    sink.sendall(data)
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+        pipe(client, upstream)
+
+    def close(self):
+        self._listener.close()
+
+
+def test_a_store_that_drops_connections_mid_upload_is_retried_then_named(s3, tmp_path, monkeypatch):
+    data = os.urandom(3 << 20)
+    source = tmp_path / "model.bin"
+    source.write_bytes(data)
+    flaky = _DroppingProxy(s3.port, drops=s3_files.MAX_ATTEMPTS - 1)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{flaky.port}")
+    s3_files.forget_clients()
+    try:
+        target = f"{s3.root}/{tmp_path.name}/model.bin"
+        files.copy_file(str(source), target)  # dropped twice, whole on the third attempt
+        assert flaky.dropped == s3_files.MAX_ATTEMPTS - 1
+        assert s3_files.read_bytes(target) == data
+    finally:
+        flaky.close()
+
+    always = _DroppingProxy(s3.port, drops=10 ** 6)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{always.port}")
+    s3_files.forget_clients()
+    try:
+        with pytest.raises(SpecError, match=rf"{tmp_path.name}/other\.bin: no answer from the S3 store at "
+                                            rf"http://127.0.0.1:{always.port}"):
+            files.copy_file(str(source), f"{s3.root}/{tmp_path.name}/other.bin")
+        assert always.dropped == s3_files.MAX_ATTEMPTS, "each attempt, then the error"
+    finally:
+        always.close()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)
+    s3_files.forget_clients()
+    assert not files.exists(f"{s3.root}/{tmp_path.name}/other.bin"), "nothing half-written"
