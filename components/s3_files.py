@@ -128,10 +128,18 @@ def isfile(url: str) -> bool:
 
 
 def isdir(url: str) -> bool:
+    """A bucket that exists, or a prefix with an object under it."""
+    from botocore.exceptions import ClientError
+
     bucket, key = split(url)
     with _explained(url):
-        if not key:
-            client().head_bucket(Bucket=bucket)
+        if not key.strip("/"):
+            try:
+                client().head_bucket(Bucket=bucket)
+            except ClientError as err:
+                if err.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
+                    return False
+                raise
             return True
         return next(_keys(bucket, key.rstrip("/") + "/"), None) is not None
 

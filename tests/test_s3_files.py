@@ -92,6 +92,8 @@ def test_a_missing_bucket_or_a_store_that_is_down_is_named_in_the_error(s3, monk
     with pytest.raises(SpecError, match=r"s3://no-such-bucket/x\.csv: S3 refused the request \(NoSuchBucket") as err:
         files.read_text("s3://no-such-bucket/x.csv")
     assert "bucket's name" in err.value.hint
+    assert not files.exists("s3://no-such-bucket") and not files.isdir("s3://no-such-bucket/")
+    assert files.isdir(s3.root) and files.exists(s3.root)
 
     with socket.socket() as unused:  # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
