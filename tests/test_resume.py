@@ -1,5 +1,6 @@
 """A resume that loses nothing: training processes SIGKILLed at seeded random moments (start-up, mid-epoch,
 during a backup), under MultiWorkerMirrored and as one process, end with the weights of a run never killed."""
+import functools
 import json
 import os
 import random
@@ -145,6 +146,13 @@ def _trainer_process(inputs, outputs, params, log, logged: bool = False) -> subp
                             stdout=log, stderr=subprocess.STDOUT)
 
 
+def _finished(process: subprocess.Popen, log) -> None:
+    """Wait for a Trainer process; its log's tail is the failure where it did not succeed."""
+    if process.wait(timeout=300) != 0:
+        log.seek(0)
+        raise AssertionError(log.read()[-3000:])
+
+
 def test_one_process_killed_at_random_moments_and_retried_ends_with_the_uninterrupted_weights(penguin_outputs,
                                                                                                tmp_path):
     """As Airflow retries a Trainer task whose process died: the same outputs, run again. Read through TFXIO."""
@@ -152,11 +160,7 @@ def test_one_process_killed_at_random_moments_and_retried_ends_with_the_uninterr
     whole, killed = trainer_outputs(tmp_path, "whole"), trainer_outputs(tmp_path, "killed")
     work = killed["model"] + ".work"
     log = open(tmp_path / "trainer.log", "w+")
-
-    def finished(process):
-        if process.wait(timeout=300) != 0:
-            log.seek(0)
-            raise AssertionError(log.read()[-3000:])
+    finished = functools.partial(_finished, log=log)
 
     finished(_trainer_process(inputs, whole, params, log))
     rng, kills = random.Random(7), []
@@ -225,11 +229,7 @@ def test_a_trainer_killed_on_one_machine_resumes_on_another_from_its_backup_on_s
     killed = {"model": f"{root}/model", "model_run": f"{root}/model_run"}
     work, chief = f"{root}/model.work", f"{root}/model.work/backup/chief"
     log = open(tmp_path / "trainer.log", "w+")
-
-    def finished(process):
-        if process.wait(timeout=300) != 0:
-            log.seek(0)
-            raise AssertionError(log.read()[-3000:])
+    finished = functools.partial(_finished, log=log)
 
     finished(_trainer_process(inputs, whole, params, log))
     monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "first-machine"))
