@@ -4,7 +4,9 @@ An artifact is a directory URI, on a local disk or an object store (gs://). `pub
 task leave nothing half-written that a reader would take for whole:
 - on a local disk the executor writes into a private temporary sibling, renamed into place at the end;
 - an object store has no rename, so the executor writes in place and a manifest of every file and its size is
-  written last; readers (`require_published`) refuse an artifact without one.
+  written last; readers (`require_published`) refuse an artifact without one. Each attempt first signs the
+  folder as its writer: an attempt that another one has taken over since (its host cut off, its task retried
+  elsewhere) neither publishes nor removes what the newer attempt wrote.
 An artifact of TFRecord shards also records each shard's size, so that a reader can tell a shard cut short after
 publishing from a whole one.
 """
@@ -18,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import uuid
 from dataclasses import dataclass
 from collections.abc import Iterator
@@ -36,6 +39,9 @@ SCHEMA_FILE = "schema.pbtxt"
 SHARD_SIZES_FILE = "shard_sizes.json"
 # At the root of an artifact on an object store, written last: {"files": {relative path: bytes}}.
 PUBLISHED_FILE = "_hpml_published.json"
+# At the root of an artifact on an object store while it is written: {"attempt": id, "host": name, "pid": n}, the
+# attempt writing it now; removed just before the manifest is written.
+WRITER_FILE = "_hpml_writer.json"
 SERVING_MODEL_DIR = "Format-Serving"
 # The serving SavedModel's second signature (no inputs): {"class_names": [num_classes] strings}, in column order.
 CLASS_NAMES_SIGNATURE = "class_names"
@@ -239,12 +245,21 @@ def publish(uri: str) -> Iterator[str]:
     if files.is_url(uri):
         files.rmtree(uri)
         files.makedirs(uri)
+        attempt = uuid.uuid4().hex
+        files.write_text(os.path.join(uri, WRITER_FILE), json.dumps(
+            {"attempt": attempt, "host": socket.gethostname(), "pid": os.getpid()}))
         try:
             yield uri
         except BaseException:
             with contextlib.suppress(Exception):
-                files.rmtree(uri)
+                if _writer(uri) == attempt:
+                    files.rmtree(uri)
             raise
+        if _writer(uri) != attempt:
+            raise SpecError(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
+                            "attempt leaves it to that one",
+                            hint="an attempt whose host was cut off, or whose task was retried elsewhere, ends here")
+        files.remove(os.path.join(uri, WRITER_FILE))  # the published artifact is the files the manifest lists
         manifest = {"files": dict(files.walk_files(uri))}
         files.write_text(os.path.join(uri, PUBLISHED_FILE), json.dumps(manifest, indent=1, sort_keys=True))
         return
@@ -265,6 +280,14 @@ def publish(uri: str) -> Iterator[str]:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.rename(tmp, uri)
+
+
+def _writer(uri: str) -> str | None:
+    """The attempt that signed the artifact at `uri` as its writer, or None."""
+    try:
+        return json.loads(files.read_text(os.path.join(uri, WRITER_FILE))).get("attempt")
+    except (OSError, ValueError):
+        return None
 
 
 def require_published(uri: str, what: str, manifest: bool = True) -> None:

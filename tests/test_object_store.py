@@ -79,6 +79,30 @@ def test_a_retried_writer_replaces_the_earlier_attempt_whole(gcs, tmp_path):
     assert sorted(_objects(gcs, uri)) == [artifacts.PUBLISHED_FILE, "v"]
 
 
+def test_an_attempt_taken_over_by_its_retry_neither_publishes_nor_removes_what_the_retry_wrote(gcs, tmp_path):
+    """The first attempt's host is cut off and Airflow retries the task elsewhere while it still runs: whether the
+    first attempt then fails or finishes, the retry's artifact is the one published, with none of the first's files
+    and nothing of the retry's removed."""
+    uri = f"{gcs.root}/{tmp_path.name}/out"
+    first = artifacts.publish(uri)
+    files.write_text(os.path.join(first.__enter__(), "first-only"), "1")
+    with artifacts.publish(uri) as retry:  # the retry starts over, and signs the folder as its own
+        files.write_text(os.path.join(retry, "shard"), "22")
+        killed = RuntimeError("killed")  # the first attempt is killed (SIGTERM) mid-write; its error goes on
+        assert first.__exit__(RuntimeError, killed, killed.__traceback__) is False
+        assert _objects(gcs, uri) == {"shard": 2, artifacts.WRITER_FILE: _objects(gcs, uri)[artifacts.WRITER_FILE]}
+    assert _manifest(uri) == {"shard": 2}
+
+    again = artifacts.publish(uri)
+    files.write_text(os.path.join(again.__enter__(), "shard"), "333")
+    with artifacts.publish(uri) as retry:
+        files.write_text(os.path.join(retry, "shard"), "4444")
+        with pytest.raises(SpecError, match="taken over by another attempt"):  # the first one finishes its work
+            again.__exit__(None, None, None)
+    assert _manifest(uri) == {"shard": 4}
+    assert sorted(_objects(gcs, uri)) == [artifacts.PUBLISHED_FILE, "shard"]
+
+
 def test_a_killed_example_gen_leaves_nothing_the_next_task_reads(gcs, tmp_path, penguin_csv):
     """SIGKILL while Beam is writing the shards: no manifest, so Transform refuses the Examples; the retried task
     publishes them whole, with nothing of the killed attempt left among them."""
