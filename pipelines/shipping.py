@@ -138,6 +138,7 @@ def describe(found: Mapping[str, Any]) -> str:
     if push["pushed"]:
         registered = (f" (MLflow model {push['registered_model']} version {push['registry_version']}, alias champion)"
                       if push.get("registry_version") else "")
-        return f"{text}; pushed as version {push['version']} to {push['destination']}{registered}"
+        pushed = "already in service as version {} in" if push.get("already_pushed") else "pushed as version {} to"
+        return f"{text}; {pushed.format(push['version'])} {push['destination']}{registered}"
     champion = push.get("champion")
     return text + "; not pushed" + (f", the champion stays version {champion}" if champion else "")

@@ -43,7 +43,8 @@ def test_a_worse_model_is_held_back_and_the_champion_stays_until_a_better_one_is
     found = _outcome(first)
     assert found["gate"]["blessed"] and found["gate"]["champion"] is None  # the thresholds alone decide
     assert {k: v for k, v in found["push"].items() if k != "registry_version"} == {
-        "pushed": True, "destination": serving, "version": 1, "path": f"{serving}/1", "registered_model": "penguin"}
+        "pushed": True, "destination": serving, "version": 1, "path": f"{serving}/1", "registered_model": "penguin",
+        "already_pushed": False}
     assert serving_dir.versions(serving) == [1]
     assert first.tags["hpml.pushed"] == "true" and first.tags["hpml.pushed_version"] == "1"
     uri = records.tracking_uri()
@@ -123,11 +124,16 @@ def _loads_penguin(folder: str) -> list:
         examples=tf.constant([example]))["probabilities"].numpy().round(6).tolist()
 
 
-def _tiny_saved_model(folder: str, padding_bytes: int = 0) -> str:
-    """A Model artifact whose serving SavedModel adds one to its input; `padding_bytes` of assets make it big."""
+def _tiny_saved_model(folder: str, padding_bytes: int = 0, tag: float = 0.0) -> str:
+    """A Model artifact whose serving SavedModel adds one to its input; `padding_bytes` of assets make it big, and
+    models of distinct `tag`s are distinct models (their own weights) that serve the same."""
     import tensorflow as tf
 
     class AddOne(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.tag = tf.Variable(tag)
+
         @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
         def serve(self, x):
             return {"y": x + 1.0}
@@ -150,15 +156,21 @@ def _blessing(folder: str) -> str:
 PUSH = textwrap.dedent("""
     import os, sys, time
     from hpml.components.pusher import PUSHER
-    model, blessing, destination, out, go = sys.argv[1:6]
+    models, blessing, destination, out, go = sys.argv[1:6]
     open(out + ".ready", "w").close()
     deadline = time.monotonic() + 60
     while go != "-" and not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.001)
-    for i in range(int(sys.argv[6])):
+    for i, model in enumerate(models.split(",")):
         PUSHER.run({"model": model, "model_blessing": blessing}, {"pushed_model": f"{out}-{i}"},
                    {"destination": destination})
 """)
+
+
+def _models(tmp_path, pusher: int, count: int) -> str:
+    """`count` distinct models for one pusher, as PUSH takes them."""
+    return ",".join(_tiny_saved_model(str(tmp_path / f"model{pusher}-{i}"), tag=pusher * 100 + i)
+                    for i in range(count))
 
 
 def _loads(version_dir: str) -> float:
@@ -168,12 +180,11 @@ def _loads(version_dir: str) -> float:
 
 
 def test_pushers_finishing_together_get_distinct_versions_each_whole(tmp_path):
-    model = _tiny_saved_model(str(tmp_path / "model"))
     blessing = _blessing(str(tmp_path / "blessing"))
     destination = str(tmp_path / "serving")
     go = str(tmp_path / "go")
-    pushers = [subprocess.Popen([sys.executable, "-c", PUSH, model, blessing, destination, str(tmp_path / f"out{n}"),
-                                 go, "4"]) for n in range(2)]
+    pushers = [subprocess.Popen([sys.executable, "-c", PUSH, _models(tmp_path, n, 4), blessing, destination,
+                                 str(tmp_path / f"out{n}"), go]) for n in range(2)]
     deadline = time.monotonic() + 60
     while not all(os.path.exists(tmp_path / f"out{n}.ready") for n in range(2)) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -192,7 +203,7 @@ def test_a_pusher_killed_mid_copy_leaves_no_version_and_the_next_push_takes_vers
     blessing = _blessing(str(tmp_path / "blessing"))
     destination = str(tmp_path / "serving")
     pusher = subprocess.Popen([sys.executable, "-c", PUSH, model, blessing, destination, str(tmp_path / "out"),
-                               "-", "1"])
+                               "-"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (os.path.isdir(destination) and any(
             name.startswith(".tmp-push-") for name in os.listdir(destination))):
@@ -206,11 +217,36 @@ def test_a_pusher_killed_mid_copy_leaves_no_version_and_the_next_push_takes_vers
 
     # The next push on this host removes what the dead one left and publishes whole.
     done = subprocess.run([sys.executable, "-c", PUSH, model, blessing, destination, str(tmp_path / "again"),
-                           "-", "1"], timeout=120)
+                           "-"], timeout=120)
     assert done.returncode == 0
     assert os.listdir(destination) == ["1"]
     assert _loads(serving_dir.version_path(destination, 1)) == 2.0
     assert os.path.getsize(os.path.join(destination, "1", "assets", "padding.bin")) == 256 << 20
+
+
+def test_a_pusher_retried_after_it_published_pushes_nothing_again(tmp_path):
+    """Its task lost after the push (or cleared and run again): the retry finds its model in service, by the
+    SavedModel's fingerprint, and reports that version; the registry keeps one version for it. Another model is
+    still the next version."""
+    from hpml.components.pusher import PUSHER
+
+    model, other = _tiny_saved_model(str(tmp_path / "model")), _tiny_saved_model(str(tmp_path / "other"), tag=1.0)
+    blessing = _blessing(str(tmp_path / "blessing"))
+    destination = str(tmp_path / "serving")
+    params = {"destination": destination, "registered_model": "retried",
+              "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    pushes = [PUSHER.run({"model": model, "model_blessing": blessing}, {"pushed_model": str(tmp_path / f"out{n}")},
+                         params)["push"] for n in range(2)]
+    assert [(p["version"], p["already_pushed"], p["registry_version"]) for p in pushes] == [(1, False, 1), (1, True, 1)]
+    assert serving_dir.versions(destination) == [1]
+    assert registry.registry_versions(params["tracking_uri"], "retried", destination) == {1: 1}
+    assert shipping.describe({"gate": {"blessed": True, "checks": []}, "push": pushes[1]}).startswith(
+        f"blessed; already in service as version 1 in {destination}")
+
+    pushed = PUSHER.run({"model": other, "model_blessing": blessing}, {"pushed_model": str(tmp_path / "out2")},
+                        params)["push"]
+    assert (pushed["version"], pushed["already_pushed"], pushed["registry_version"]) == (2, False, 2)
+    assert registry.champion(params["tracking_uri"], "retried") == 2
 
 
 def test_a_gs_serving_folder_gives_distinct_whole_versions_to_pushers_on_any_host(tmp_path, gcs):
@@ -225,8 +261,8 @@ def test_a_gs_serving_folder_gives_distinct_whole_versions_to_pushers_on_any_hos
     assert serving_dir.check_writable(destination) is None
     assert "does not exist" in serving_dir.check_writable("gs://no-such-bucket-hpml/serving")
     go = str(tmp_path / "go")
-    pushers = [subprocess.Popen([sys.executable, "-c", PUSH, model, blessing, destination, str(tmp_path / f"out{n}"),
-                                 go, "3"]) for n in range(2)]
+    pushers = [subprocess.Popen([sys.executable, "-c", PUSH, _models(tmp_path, n, 3), blessing, destination,
+                                 str(tmp_path / f"out{n}"), go]) for n in range(2)]
     deadline = time.monotonic() + 60
     while not all(os.path.exists(tmp_path / f"out{n}.ready") for n in range(2)) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -241,7 +277,7 @@ def test_a_gs_serving_folder_gives_distinct_whole_versions_to_pushers_on_any_hos
     big_serving = artifacts.serving_model_path(big)  # the padding uploads after fingerprint.pb, before the rest
     os.rename(os.path.join(big_serving, "assets", "padding.bin"), os.path.join(big_serving, "variables", "pad.bin"))
     killed = subprocess.Popen([sys.executable, "-c", PUSH, big, blessing, destination, str(tmp_path / "killed"),
-                               "-", "1"])
+                               "-"])
     partial = serving_dir.version_path(destination, 7)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not files.isdir(partial):

@@ -20,17 +20,20 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
     blessing = read_blessing(inputs["model_blessing"])
     destination = files.absolute(params["destination"])
     if blessing["blessed"]:
-        version = serving_dir.publish(artifacts.serving_model_path(inputs["model"]), destination)
-        result = {"pushed": True, "destination": destination, "version": version,
+        model = artifacts.serving_model_path(inputs["model"])
+        version = serving_dir.holding(model, destination)
+        already = version is not None  # an earlier attempt of this push published it
+        if already:
+            log.info("Pusher: this model is already version %d at %s; it is not pushed again", version, destination)
+        else:
+            version = serving_dir.publish(model, destination)
+        result = {"pushed": True, "destination": destination, "version": version, "already_pushed": already,
                   "path": serving_dir.version_path(destination, version)}
-        log.info("Pusher: published as version %d at %s", version, result["path"])
+        if not already:
+            log.info("Pusher: published as version %d at %s", version, result["path"])
         if params["registered_model"]:
             result["registered_model"] = params["registered_model"]
-            # MLFLOW_RUN_ID: MLflow's variable for the active run; hpml's runner sets it to the pipeline run's.
-            result["registry_version"] = registry.register(params["tracking_uri"], params["registered_model"],
-                                                           destination, version, os.environ.get("MLFLOW_RUN_ID"))
-            log.info("Pusher: registered as version %d of MLflow model %r, alias %r follows the served version",
-                     result["registry_version"], params["registered_model"], registry.CHAMPION_ALIAS)
+            result["registry_version"] = _register(params, destination, version)
     else:
         failed = [check["reason"] for check in blessing.get("checks", []) if not check["passed"]]
         result = {"pushed": False, "destination": destination, "version": None,
@@ -47,3 +50,18 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
     record = RunRecord(metrics={"pushed": int(result["pushed"])}, tags=tags,
                        files={"pushed_model": (artifacts.PUSH_FILE,)})
     return {"push": result, RECORD_KEY: record.to_json()}
+
+
+def _register(params: Mapping[str, Any], destination: str, version: int) -> int:
+    """The registry version of serving version `version`, registered now unless an earlier attempt did."""
+    name, tracking_uri = params["registered_model"], params["tracking_uri"]
+    registered = registry.registry_versions(tracking_uri, name, destination).get(version)
+    if registered is not None:
+        registry.sync_champion(tracking_uri, name, destination)
+        log.info("Pusher: already version %d of MLflow model %r", registered, name)
+        return registered
+    # MLFLOW_RUN_ID: MLflow's variable for the active run; hpml's runner sets it to the pipeline run's.
+    registered = registry.register(tracking_uri, name, destination, version, os.environ.get("MLFLOW_RUN_ID"))
+    log.info("Pusher: registered as version %d of MLflow model %r, alias %r follows the served version",
+             registered, name, registry.CHAMPION_ALIAS)
+    return registered

@@ -9,6 +9,9 @@ versions, then renamed to its number; a rename onto a number another pusher took
 finishing together take the next free numbers in turn. On gs:// and s3://, which have no rename, a pusher first claims
 its number with a create-only object `_claims/<version>` (one claimant wins, on any host), then uploads the version
 with `saved_model.pb` last: a version counts, for hpml and for TF Serving's loader, once that file is there.
+
+A model is pushed once: a pusher retried after it published (its task lost, or cleared and run again) finds its
+model already in service, by the SavedModel's own fingerprint, and takes that version instead of a new one.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from hpml.components.errors import SpecError
 RETIRED_DIR = "_retired"
 CLAIMS_DIR = "_claims"  # on an object store: one create-only object per version number taken
 SAVED_MODEL_FILE = "saved_model.pb"
+FINGERPRINT_FILE = "fingerprint.pb"  # TF writes it into every SavedModel: hashes of its graph and its variables
 _VERSION_RE = re.compile(r"^[1-9][0-9]*$")
 _TMP_PREFIX = ".tmp-push-"
 _MAX_CLAIMS = 1000  # versions another pusher may take while this one retries
@@ -58,6 +62,26 @@ def champion(destination: str) -> int | None:
     """The version TF Serving serves (the highest in service), or None when nothing was pushed."""
     live = versions(destination)
     return live[-1] if live else None
+
+
+def _fingerprint(model_dir: str) -> bytes | None:
+    path = os.path.join(model_dir, FINGERPRINT_FILE)
+    if not files.isfile(path):
+        return None
+    with files.open_file(path, "rb") as handle:
+        return handle.read()
+
+
+def holding(model_dir: str, destination: str) -> int | None:
+    """The version in service that already holds the SavedModel at `model_dir` (the same fingerprint: the same
+    graph and the same weights), newest first; None when there is none."""
+    wanted = _fingerprint(model_dir)
+    if wanted is None:
+        return None
+    for version in reversed(versions(destination)):
+        if _fingerprint(version_path(destination, version)) == wanted:
+            return version
+    return None
 
 
 def check_writable(destination: str) -> str | None:
