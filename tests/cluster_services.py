@@ -252,6 +252,7 @@ class ClusterAirflow:
         self.cluster, self.store = cluster, store
         self.control, self.workers = cluster["control"], [cluster[w] for w in workers]
         self.url = f"http://{self.control.address}:{AIRFLOW_PORT}"
+        self.mlflow_uri = f"http://{self.control.address}:{MLFLOW_PORT}"  # as the root namespace reaches it
         self.processes: dict[str, object] = {}
         # Code every host has, as a deployment ships it: the DAG files, and the projects `hpml init` writes for
         # them, in the checkout (which each host keeps), apart from the repository's own dags/.

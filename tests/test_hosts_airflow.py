@@ -6,15 +6,17 @@ import json
 import re
 import urllib.parse
 
+import pytest
+
 from tests.helpers import store_env
 
 RUN_TIMEOUT_S = 900
+PENGUIN_CONF = {"epochs": 2}  # the fault-free run, and the one whose host is cut off
 
 
 def _finished(airflow, cluster_store, dag_id: str, run_id: str):
     """The run's record, once Airflow says it succeeded; each task ran on a worker host, and so the record says."""
     from hpml.pipelines import records
-    from tests.cluster_services import MLFLOW_PORT
 
     run = airflow.wait_for_run(dag_id, run_id, RUN_TIMEOUT_S)
     quoted = urllib.parse.quote(run_id, safe="")
@@ -26,8 +28,7 @@ def _finished(airflow, cluster_store, dag_id: str, run_id: str):
     assert run["state"] == "success", (dag_id, states, failed)
     ran_on = {t["task_id"]: t["hostname"] for t in tasks}
     assert set(ran_on.values()) <= {"worker1", "worker2"}, ran_on
-    with store_env({**cluster_store.env(None),
-                    "MLFLOW_TRACKING_URI": f"http://{airflow.control.address}:{MLFLOW_PORT}"}):
+    with store_env({**cluster_store.env(None), "MLFLOW_TRACKING_URI": airflow.mlflow_uri}):
         summary = records.load(records.find("airflow.run_id", run_id, dag_id))
     assert summary.status == "FINISHED"
     # The run record says which host ran each component, as Airflow does.
@@ -47,17 +48,17 @@ def _finished(airflow, cluster_store, dag_id: str, run_id: str):
     return summary
 
 
-def test_the_penguin_dag_and_an_hpml_init_dag_run_their_tasks_on_celery_workers_of_the_worker_hosts(
-        cluster_airflow, cluster_store, tmp_path):
+@pytest.fixture(scope="module")
+def plain_runs(cluster_airflow, cluster_store, tmp_path_factory):
     """The quickstart's project, as `hpml init` writes it, deployed beside penguin (its DAG file in the dags folder,
-    its CSV on the store), and both DAGs triggered at once: every task runs on a worker host."""
+    its CSV on the store), and both DAGs triggered at once, with no fault: {dag_id: (run_id, record)}."""
     import tensorflow as tf
 
     from hpml.pipelines import scaffold
     from tests.helpers import quickstart_csv
 
     airflow = cluster_airflow
-    csv = quickstart_csv(tmp_path)
+    csv = quickstart_csv(tmp_path_factory.mktemp("churn"))
     scaffold.init_project("churn", str(csv), "churned", directory=str(airflow.code / "projects"),
                           dags_folder=str(airflow.dags))
     data = f"{cluster_store.root}/data/customers.csv"
@@ -65,12 +66,19 @@ def test_the_penguin_dag_and_an_hpml_init_dag_run_their_tasks_on_celery_workers_
         tf.io.gfile.makedirs(f"{cluster_store.root}/data")
         tf.io.gfile.copy(str(csv), data, overwrite=True)
     airflow.wait_for_dag("churn")
-    confs = {"penguin": {"epochs": 2}, "churn": {"epochs": 2, "data_path": data}}
+    confs = {"penguin": PENGUIN_CONF, "churn": {"epochs": 2, "data_path": data}}
     runs = {dag_id: airflow.api(f"dags/{dag_id}/dagRuns", "POST", {"logical_date": None, "conf": conf})["dag_run_id"]
             for dag_id, conf in confs.items()}
-    summaries = {dag_id: _finished(airflow, cluster_store, dag_id, run_id) for dag_id, run_id in runs.items()}
-    assert summaries["churn"].examples and sum(summaries["churn"].examples.values()) == 600
-    assert summaries["churn"].params["data_path"] == data
+    return {dag_id: (run_id, _finished(airflow, cluster_store, dag_id, run_id)) for dag_id, run_id in runs.items()}
+
+
+def test_the_penguin_dag_and_an_hpml_init_dag_run_their_tasks_on_celery_workers_of_the_worker_hosts(
+        cluster_airflow, cluster_store, plain_runs):
+    airflow = cluster_airflow
+    runs = {dag_id: run_id for dag_id, (run_id, _) in plain_runs.items()}
+    churn = plain_runs["churn"][1]
+    assert churn.examples and sum(churn.examples.values()) == 600
+    assert churn.params["data_path"] == f"{cluster_store.root}/data/customers.csv"
 
     # The Report view on the control host reads the finished run from the store.
     quoted = urllib.parse.quote(runs["penguin"], safe="")
@@ -81,6 +89,66 @@ def test_the_penguin_dag_and_an_hpml_init_dag_run_their_tasks_on_celery_workers_
     assert [c["state"] for c in status_json["components"]] == ["done"] * 5
     status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/report/report.html")
     assert status == 200 and f"penguin run {runs['penguin']}".encode() in body
+
+
+def _task(airflow, dag_id: str, run_id: str, task_id: str) -> dict:
+    quoted = urllib.parse.quote(run_id, safe="")
+    return airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}")
+
+
+def test_a_worker_host_cut_off_for_30s_during_transform_leaves_nothing_half_written_and_the_run_ends_the_same(
+        cluster, cluster_airflow, cluster_store, plain_runs):
+    """The worker host running Transform loses its network for 30 s, longer than Airflow waits for a task's
+    heartbeat: Airflow retries the task on the other host while the first attempt is cut off. When the network
+    comes back, the run completes, and every artifact and the eval equal the fault-free run's."""
+    import time
+
+    from tests.test_beam_processes import _assets, _records, _rows
+
+    airflow = cluster_airflow
+    run_id = airflow.api("dags/penguin/dagRuns", "POST", {"logical_date": None, "conf": PENGUIN_CONF})["dag_run_id"]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while (transform := _task(airflow, "penguin", run_id, "Transform"))["state"] != "running":
+        assert time.monotonic() < deadline and transform["state"] not in ("success", "failed"), transform
+        time.sleep(0.5)
+    with store_env({**cluster_store.env(None), "MLFLOW_TRACKING_URI": airflow.mlflow_uri}):
+        from hpml.components import files
+        from hpml.pipelines import records
+
+        run_dir = records.load(records.find("airflow.run_id", run_id, "penguin")).tags["hpml.run_dir"]
+        while not list(files.walk_files(f"{run_dir}/Transform")):  # until its outputs start to appear on the store
+            assert time.monotonic() < deadline and _task(airflow, "penguin", run_id, "Transform")["state"] == "running"
+            time.sleep(0.2)
+    cut = cluster[transform["hostname"]]
+    cut.disconnect()
+    try:
+        time.sleep(30)
+    finally:
+        cut.reconnect()
+    record = _finished(airflow, cluster_store, "penguin", run_id)
+    transform = _task(airflow, "penguin", run_id, "Transform")
+    print(f"Transform: try {transform['try_number']} on {transform['hostname']}; {cut.name} was cut off")
+    quoted = urllib.parse.quote(run_id, safe="")
+    print(json.dumps(airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances/Transform/logs/1?full_content=true"))[-6000:])
+
+    from hpml.components import artifacts, files
+
+    plain = plain_runs["penguin"][1]
+    with store_env(cluster_store.env(None)):
+        for node, outputs in record.outputs.items():
+            for key, uri in outputs.items():
+                artifacts.require_published(uri, f"{node}'s {key}")
+                # Whole and alone: exactly the files its manifest lists, none from the attempt that was cut off.
+                manifest = json.loads(files.read_text(f"{uri}/{artifacts.PUBLISHED_FILE}"))["files"]
+                present = {path: size for path, size in files.walk_files(uri) if path != artifacts.PUBLISHED_FILE}
+                assert present == manifest, (node, key)
+        got, want = record.outputs, plain.outputs
+        for split in ("train", "eval"):
+            assert _records(got["ExampleGen"]["examples"], split) == _records(want["ExampleGen"]["examples"], split)
+            assert (_rows(got["Transform"]["transformed_examples"], split) ==
+                    _rows(want["Transform"]["transformed_examples"], split)).all()
+        assert _assets(got["Transform"]["transform_graph"]) == _assets(want["Transform"]["transform_graph"])
+    assert record.eval_metrics and record.eval_metrics == plain.eval_metrics
 
 
 def test_a_dead_trainer_host_and_a_redis_restart_cost_a_retry_on_the_other_host_that_resumes_from_the_backup(
