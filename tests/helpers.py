@@ -58,3 +58,22 @@ def store_env(env: dict):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def served_weights(model: str) -> dict:
+    """{variable: value} of a Model artifact's serving SavedModel (local, gs:// or s3:// where TF reads it)."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(f"{model}/Format-Serving/variables/variables")
+    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
+            if key.endswith("VARIABLE_VALUE") and "save_counter" not in key}
+
+
+def assert_same_weights(resumed: dict, uninterrupted: dict) -> None:
+    """Every variable equal, bit for bit; and there are trained kernels among them."""
+    import numpy as np
+
+    assert sorted(resumed) == sorted(uninterrupted)
+    assert [key for key in uninterrupted if "kernel" in key], sorted(uninterrupted)
+    for key, value in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[key], value, err_msg=key)

@@ -2,16 +2,32 @@
 API as the UI's form does, run each component task on a Celery worker of a worker host; artifacts go to the store on
 the storage host, the run record to the MLflow server on the control host, and the Report view there reads the
 finished run from both."""
+import datetime
 import json
 import re
+import time
 import urllib.parse
 
 import pytest
 
-from tests.helpers import store_env
+from tests.helpers import assert_same_weights, served_weights, store_env
 
 RUN_TIMEOUT_S = 900
 PENGUIN_CONF = {"epochs": 2}  # the fault-free run, and the one whose host is cut off
+DEAD_TRAINER_CONF = {"epochs": 10, "batch_size": 8, "num_workers": 2, "strategy": "multi_worker_mirrored",
+                     "steps_per_execution": 1}
+STEPS_PER_EPOCH = 28  # penguin's 217 training rows in batches of 8
+# The penguin DAG's Trainer task as Airflow runs it (its params from the same conf), on the same inputs, into
+# other outputs: HPML_ARGS is [conf, the run's outputs by node, the Trainer's outputs].
+UNINTERRUPTED_TRAINER = """
+import json, os
+from hpml.examples.penguin.pipeline import PIPELINE
+from hpml.pipelines import params
+conf, upstream, outputs = json.loads(os.environ["HPML_ARGS"])
+node = PIPELINE.node("Trainer")
+node.component.run(node.resolve_inputs(upstream), outputs,
+                   node.params(params.validate(PIPELINE.params_schema, conf, PIPELINE.param_checks)))
+"""
 
 
 def _finished(airflow, cluster_store, dag_id: str, run_id: str):
@@ -101,8 +117,6 @@ def test_a_worker_host_cut_off_for_30s_during_transform_leaves_nothing_half_writ
     """The worker host running Transform loses its network for 30 s, longer than Airflow waits for a task's
     heartbeat: Airflow retries the task on the other host while the first attempt is cut off. When the network
     comes back, the run completes, and every artifact and the eval equal the fault-free run's."""
-    import time
-
     from tests.test_beam_processes import _assets, _records, _rows
 
     airflow = cluster_airflow
@@ -128,8 +142,6 @@ def test_a_worker_host_cut_off_for_30s_during_transform_leaves_nothing_half_writ
     record = _finished(airflow, cluster_store, "penguin", run_id)
     transform = _task(airflow, "penguin", run_id, "Transform")
     print(f"Transform: try {transform['try_number']} on {transform['hostname']}; {cut.name} was cut off")
-    quoted = urllib.parse.quote(run_id, safe="")
-    print(json.dumps(airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances/Transform/logs/1?full_content=true"))[-6000:])
 
     from hpml.components import artifacts, files
 
@@ -152,15 +164,12 @@ def test_a_worker_host_cut_off_for_30s_during_transform_leaves_nothing_half_writ
 
 
 def test_a_dead_trainer_host_and_a_redis_restart_cost_a_retry_on_the_other_host_that_resumes_from_the_backup(
-        cluster, cluster_airflow):
+        cluster, cluster_airflow, cluster_store):
     """Mid-training, Celery's broker restarts and the worker host running the Trainer dies (every process on it
     SIGKILLed). Airflow notices the lost task, retries it on the other worker host, and the Trainer there resumes
-    from the backup on the store; the run succeeds."""
-    import time
-
+    from the backup on the store; the run succeeds, with the model a Trainer that lost nothing trains."""
     airflow = cluster_airflow
-    conf = {"epochs": 10, "batch_size": 4, "num_workers": 2, "strategy": "multi_worker_mirrored",
-            "steps_per_execution": 1}
+    conf = DEAD_TRAINER_CONF
     run_id = airflow.api("dags/penguin/dagRuns", "POST", {"logical_date": None, "conf": conf})["dag_run_id"]
     quoted = urllib.parse.quote(run_id, safe="")
     deadline, epoch = time.monotonic() + RUN_TIMEOUT_S, 0
@@ -174,7 +183,7 @@ def test_a_dead_trainer_host_and_a_redis_restart_cost_a_retry_on_the_other_host_
     lost = cluster[tasks["Trainer"]["hostname"]]
     survivor = next(w for w in airflow.workers if w is not lost)
     airflow.restart_redis()
-    killed = lost.kill()
+    killed, killed_at = lost.kill(), time.time()
     assert killed >= 3, "the Celery worker, the task and its training processes"
 
     run = airflow.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
@@ -182,7 +191,28 @@ def test_a_dead_trainer_host_and_a_redis_restart_cost_a_retry_on_the_other_host_
     assert run["state"] == "success", {t: task["state"] for t, task in tasks.items()}
     trainer = tasks["Trainer"]
     assert trainer["try_number"] == 2 and trainer["hostname"] == survivor.name, trainer
+    retried_after = datetime.datetime.fromisoformat(trainer["start_date"]).timestamp() - killed_at
+    print(f"the Trainer's host died; Airflow started it again on {survivor.name} {retried_after:.0f}s later")
     log = json.dumps(airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances/Trainer/logs/2?full_content=true"))
     resumed = [int(n) for n in re.findall(r"resuming from the backup after (\d+) training steps", log)]
-    assert resumed and min(resumed) >= 55, f"the retry resumed from a backup on the store: {resumed}"
+    assert resumed and min(resumed) >= STEPS_PER_EPOCH, f"the retry resumed from a backup on the store: {resumed}"
     airflow.start_worker(lost)  # the host is back for the tests after this one
+
+    # The same Trainer task on the same inputs, uninterrupted, on the surviving host: the same weights and eval.
+    with store_env({**cluster_store.env(None), "MLFLOW_TRACKING_URI": airflow.mlflow_uri}):
+        from hpml.pipelines import records
+
+        record = records.load(records.find("airflow.run_id", run_id, "penguin"))
+    plain = {"model": f"{cluster_store.root}/uninterrupted/{survivor.name}/model",
+             "model_run": f"{cluster_store.root}/uninterrupted/{survivor.name}/model_run"}
+    started = time.monotonic()
+    survivor.python(UNINTERRUPTED_TRAINER, env={**cluster_store.env(survivor), "HPML_ARGS": json.dumps(
+        [conf, record.outputs, plain])}, timeout=600)
+    print(f"the uninterrupted Trainer took {time.monotonic() - started:.0f}s")
+    with store_env(cluster_store.env(None)):
+        from hpml.components import artifacts, files
+
+        resumed, plain_weights = served_weights(record.outputs["Trainer"]["model"]), served_weights(plain["model"])
+        plain_eval = json.loads(files.read_text(f"{plain['model_run']}/{artifacts.EVAL_METRICS_FILE}"))
+    assert_same_weights(resumed, plain_weights)
+    assert record.eval_metrics == {name: plain_eval[name] for name in record.eval_metrics}

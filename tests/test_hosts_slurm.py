@@ -7,11 +7,9 @@ import re
 import threading
 import time
 
-import numpy as np
 import pytest
-import tensorflow as tf
 
-from tests.helpers import REPO, store_env
+from tests.helpers import REPO, assert_same_weights, served_weights, store_env
 
 LOGS = REPO / "test-artifacts" / "hosts"  # each Trainer task's log, to read after a run
 EPOCHS, BATCH, STEPS_PER_EPOCH = 8, 16, 14  # penguin's 217 training rows in batches of 16
@@ -53,18 +51,12 @@ def _train(cluster, cluster_store, slurm, inputs, outputs, params):
     return launch, log
 
 
-def _weights(model: str) -> dict:
-    reader = tf.train.load_checkpoint(f"{model}/Format-Serving/variables/variables")
-    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
-            if key.endswith("VARIABLE_VALUE") and "save_counter" not in key}
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(cluster, cluster_store, slurm, store_penguin):
     outputs = {"model": f"{cluster_store.root}/slurm/plain/model", "model_run": f"{cluster_store.root}/slurm/plain/run"}
     launch, log = _train(cluster, cluster_store, slurm, _inputs(store_penguin), outputs, _params())
     with store_env(cluster_store.env(None)):
-        weights = _weights(outputs["model"])
+        weights = served_weights(outputs["model"])
     return {"launch": launch, "log": log, "weights": weights, "outputs": outputs}
 
 
@@ -139,10 +131,8 @@ def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model
     print(f"worker2 killed at step {killed['step']}; training again after {launch['recovery_seconds'][0]:.1f}s; "
           f"{launch['steps_lost']} step(s) lost")
     with store_env(cluster_store.env(None)):
-        resumed = _weights(outputs["model"])
-    assert sorted(resumed) == sorted(uninterrupted["weights"])
-    for key, value in uninterrupted["weights"].items():
-        np.testing.assert_array_equal(resumed[key], value, err_msg=key)
+        resumed = served_weights(outputs["model"])
+    assert_same_weights(resumed, uninterrupted["weights"])
 
 
 def test_a_task_ends_once_a_peer_it_saw_up_stays_unreachable():

@@ -10,33 +10,17 @@ import sys
 import threading
 import time
 
-import numpy as np
 import tensorflow as tf
 
 from hpml.components.trainer import TRAINER
 from hpml.components.trainer.progress_state import PROGRESS_FILE, read_progress
 from hpml.components.trainer.resume import backed_up_steps, backup_dir
-from tests.helpers import REPO, trainer_inputs, trainer_outputs
+from tests.helpers import REPO, assert_same_weights, served_weights, trainer_inputs, trainer_outputs
 
 EPOCHS, BATCH, KILLS = 12, 8, 3
 TOTAL_STEPS = EPOCHS * 28  # penguin's 217 training rows in batches of 8
 PARAMS = {"module": "hpml.examples.penguin.module", "backup_save_freq": 5,
           "hyperparameters": {"epochs": EPOCHS, "batch_size": BATCH}}
-
-
-def _serving_weights(outputs) -> dict:
-    """Every variable of the exported model, by checkpoint key."""
-    reader = tf.train.load_checkpoint(os.path.join(outputs["model"], "Format-Serving", "variables", "variables"))
-    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
-            if key.endswith("VARIABLE_VALUE") and "save_counter" not in key}
-
-
-def _assert_same_weights(resumed: dict, uninterrupted: dict):
-    assert sorted(resumed) == sorted(uninterrupted)
-    moved = [key for key in uninterrupted if "kernel" in key]
-    assert moved, sorted(uninterrupted)
-    for key, value in uninterrupted.items():
-        np.testing.assert_array_equal(resumed[key], value, err_msg=key)
 
 
 def _backed_up(work: str) -> int:
@@ -125,7 +109,7 @@ def test_mwms_workers_killed_at_random_moments_end_with_the_uninterrupted_weight
     assert result["launch"]["restarts"] == KILLS
     assert kills[-1]["backed_up_steps"] > 0, f"the last kill came before any backup: {kills}"
     assert result["history"][-1]["epoch"] == EPOCHS
-    _assert_same_weights(_serving_weights(killed), _serving_weights(whole))
+    assert_same_weights(served_weights(killed["model"]), served_weights(whole["model"]))
     assert len(result["launch"]["recovery_seconds"]) == KILLS
 
 
@@ -175,7 +159,7 @@ def test_one_process_killed_at_random_moments_and_retried_ends_with_the_uninterr
         kills.append(_backed_up(work))
     finished(_trainer_process(inputs, killed, params, log))
     assert kills[-1] > 0, f"the last kill came before any backup: {kills}"
-    _assert_same_weights(_serving_weights(killed), _serving_weights(whole))
+    assert_same_weights(served_weights(killed["model"]), served_weights(whole["model"]))
     # The input stall, measured at the end of epoch 0 by an attempt that was later killed, reaches the published
     # model_run of the attempt that finished (which resumed past epoch 0 and measured nothing).
     stall = os.path.join(killed["model_run"], "input_stall.json")
@@ -256,5 +240,5 @@ def test_a_trainer_killed_on_one_machine_resumes_on_another_from_its_backup_on_s
     resumed = int(retry.split("resuming from the backup after ")[1].split()[0])
     assert resumed >= TOTAL_STEPS // 2 - 5 * 28, (resumed, index)
     served = files.tf_readable(killed["model"])
-    _assert_same_weights(_serving_weights({"model": served}), _serving_weights(whole))
+    assert_same_weights(served_weights(served), served_weights(whole["model"]))
     assert not files.exists(work), "the working dir on the store is removed once the model is published"
