@@ -1,7 +1,8 @@
 """The Trainer on a cluster scheduler: launcher `slurm` submits the MultiWorkerMirrored job to Slurm on the test hosts,
 one task per worker host; the tasks address each other through TF's SlurmClusterResolver and share nothing with the
 Trainer but the object store. A worker host that dies mid-training (every process on it SIGKILLed, Slurm's daemon
-included) costs a resubmission that resumes from the last backup on the store, and the model ends the same."""
+included) costs a resubmission that resumes from the last backup on the store, and the model ends the same. A
+ParameterServer job (chief, server, worker) shares the two hosts and completes once the chief is done."""
 import json
 import re
 import threading
@@ -71,6 +72,54 @@ def test_the_trainer_runs_as_a_slurm_job_with_a_task_on_each_worker_host(uninter
     assert "[chief-0] chief-0 exited with 0" in log and "[worker-0] worker-0 exited with 0" in log
     assert "a slurm job of 2 worker(s)" in log, "the plan says where the workers run"
     assert any("kernel" in key for key in uninterrupted["weights"])
+
+
+def test_parameter_servers_run_as_a_slurm_job_whose_servers_end_when_the_chief_is_done(
+        cluster, cluster_store, slurm, store_penguin):
+    """strategy parameter_server: the coordinator (chief), a parameter server and a worker as one Slurm job over
+    both worker hosts (cluster.nodes 2: three tasks on two nodes). Servers serve until stopped, so each ends once
+    the chief's log on the store says it finished, and the job completes."""
+    from hpml.components import artifacts, files
+
+    root = f"{cluster_store.root}/slurm/ps"
+    outputs = {"model": f"{root}/model", "model_run": f"{root}/run"}
+    params = {**_params(nodes=2), "strategy": "parameter_server", "num_workers": 1, "num_ps": 1}
+    launch, log = _train(cluster, cluster_store, slurm, _inputs(store_penguin), outputs, params)
+    assert launch["launcher"] == "slurm" and launch["restarts"] == 0 and launch["nodes"] == ["worker[1-2]"], launch
+    # TF's resolver hands ranks to the roles in name order, a port per task on a node: chief and ps on worker1.
+    spec = "{'chief': ['worker1:8888'], 'ps': ['worker1:8889'], 'worker': ['worker2:8888']}"
+    assert f"[chief-0] chief-0 on worker1: {spec}" in log, log[-4000:]
+    assert f"[ps-0] ps-0 on worker1: {spec}" in log and f"[worker-0] worker-0 on worker2: {spec}" in log
+    assert "strategy plan: parameter_server" in log and "a slurm job of 1 worker(s) and 1 parameter server(s)" in log
+    for task in ("ps-0", "worker-0"):
+        assert f"[{task}] chief-0 finished: this server's work is done" in log, log[-4000:]
+    for task in ("chief-0", "ps-0", "worker-0"):
+        assert f"[{task}] {task} exited with 0" in log, log[-4000:]
+    with store_env(cluster_store.env(None)):
+        assert any("kernel" in key for key in served_weights(outputs["model"]))
+        evaluated = json.loads(files.read_text(f"{outputs['model_run']}/{artifacts.EVAL_METRICS_FILE}"))
+    assert evaluated["accuracy"] > 0.8, evaluated  # it learned: three species, the largest a 44% share
+    slurm.wait_for_nodes()
+
+
+def test_a_job_spread_over_fewer_nodes_shares_them_and_more_nodes_than_tasks_is_refused():
+    from hpml.components.errors import SpecError
+    from hpml.components.trainer.launchers import slurm
+    from hpml.components.trainer.launchers.cluster_job import ClusterJob
+    from hpml.components.trainer.launchers.remote import RemoteCluster
+
+    job = ClusterJob(name="hpml-ps", image="", job_uri="gs://b/job.json", strategy="parameter_server",
+                     num_workers=1, num_ps=1)
+    shared = slurm.script(job, None, "python", 8888, 3600, nodes=2)
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks=3\n#SBATCH --distribution=block\n" in shared
+    assert "--ntasks-per-node" not in shared
+    assert "#SBATCH --nodes=3\n#SBATCH --ntasks=3\n#SBATCH --ntasks-per-node=1\n" in slurm.script(
+        job, None, "python", 8888, 3600)
+    with pytest.raises(SpecError, match=r"cluster.nodes is 4, but the job has only 3 task\(s\) \(1 chief, 1 worker, "
+                                        r"1 ps\)"):
+        slurm.script(job, None, "python", 8888, 3600, nodes=4)
+    with pytest.raises(SpecError, match="cluster.nodes must be a whole number >= 0, got -1"):
+        RemoteCluster.from_params("slurm", {"nodes": -1})
 
 
 def test_a_local_artifact_root_is_refused_before_anything_is_submitted(cluster, cluster_store, slurm, store_penguin):

@@ -46,6 +46,7 @@ class RemoteCluster:
     python: str = "python"  # Slurm: the interpreter on the nodes, in an environment with hpml installed
     port: int = 8888  # Slurm: each task's TF gRPC port on its node
     shared_filesystem: bool = False  # Slurm: the artifact root is a mount every node has at the same path
+    nodes: int = 0  # Slurm: the nodes the job's tasks share; 0: one node per task
 
     @classmethod
     def from_params(cls, launcher: str, raw: dict) -> RemoteCluster:
@@ -69,7 +70,7 @@ class RemoteCluster:
         if "port" in raw and (not isinstance(raw["port"], int) or isinstance(raw["port"], bool)
                               or not 1024 <= raw["port"] <= 65000):
             raise SpecError(f"Trainer: cluster.port must be a port number from 1024 to 65000, got {raw['port']!r}")
-        for name in ("gpus_per_worker",):
+        for name in ("gpus_per_worker", "nodes"):
             if name in raw and (not isinstance(raw[name], int) or isinstance(raw[name], bool) or raw[name] < 0):
                 raise SpecError(f"Trainer: cluster.{name} must be a whole number >= 0, got {raw[name]!r}")
         for name in ("poll_seconds", "timeout_seconds"):
@@ -131,7 +132,7 @@ def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob, working_dir: 
 
         return slurm.run(job, working_dir, progress, partition=cluster.partition, python=cluster.python,
                          port=cluster.port, max_restarts=max_restarts, timeout_s=cluster.timeout_seconds,
-                         poll_s=cluster.poll_seconds)
+                         poll_s=cluster.poll_seconds, nodes=cluster.nodes)
     if launcher == "kubernetes":
         from hpml.components.trainer.launchers import kubernetes as k8s
 

@@ -68,11 +68,18 @@ class SlurmReport:
     seconds: float = 0.0
 
 
-def script(job: ClusterJob, partition: str | None, python: str, port: int, timeout_s: float) -> str:
-    """The sbatch script: one task per worker node, each the task entry point on the job file."""
+def script(job: ClusterJob, partition: str | None, python: str, port: int, timeout_s: float, nodes: int = 0) -> str:
+    """The sbatch script: each task the task entry point on the job file, one task per node, or the tasks spread
+    over `nodes` nodes (the first nodes take one more where they do not divide evenly)."""
     tasks = sum(job.roles().values())
+    nodes = nodes or tasks
+    if nodes > tasks:
+        raise SpecError(f"Trainer: cluster.nodes is {nodes}, but the job has only {tasks} task(s) "
+                        f"({', '.join(f'{n} {role}' for role, n in job.roles().items() if n)})",
+                        hint="set cluster.nodes to at most the number of tasks, or 0 for one node per task")
     minutes = max(1, int(timeout_s // 60))
-    options = [f"--job-name={job.name}", f"--nodes={tasks}", f"--ntasks={tasks}", "--ntasks-per-node=1",
+    spread = ["--ntasks-per-node=1"] if nodes == tasks else ["--distribution=block"]
+    options = [f"--job-name={job.name}", f"--nodes={nodes}", f"--ntasks={tasks}", *spread,
                f"--time={minutes}", "--no-requeue", "--chdir=/tmp", "--output=hpml-slurm-%j.out", "--export=ALL"]
     if partition:
         options.append(f"--partition={partition}")
@@ -211,7 +218,8 @@ class _Attempt:
     def submit(self) -> None:
         self.job_id = submit(self.text)
         self.recovery.report.jobs.append(self.job_id)
-        log.info("Slurm job %s submitted: %d task(s), one per node", self.job_id, sum(self.job.roles().values()))
+        log.info("Slurm job %s submitted: %s", self.job_id,
+                 ", ".join(f"{n} {role}" for role, n in self.job.roles().items() if n))
 
     def wait(self) -> SlurmState:
         logs = _Logs(os.path.join(self.working_dir, LOG_DIR, self.job_id))
@@ -237,11 +245,12 @@ class _Attempt:
 
 
 def run(job: ClusterJob, working_dir: str, progress: str, *, partition: str | None = None, python: str = "python",
-        port: int = 8888, max_restarts: int = 2, timeout_s: float = 24 * 3600.0, poll_s: float = 5.0) -> dict:
+        port: int = 8888, max_restarts: int = 2, timeout_s: float = 24 * 3600.0, poll_s: float = 5.0,
+        nodes: int = 0) -> dict:
     """Submit the job and wait for it, submitting it again after a failure; returns what the run record keeps."""
     report, started = SlurmReport(), time.monotonic()
     recovery = _Recovery(progress, report)
-    text = script(job, partition, python, port, timeout_s)
+    text = script(job, partition, python, port, timeout_s, nodes)
     while True:
         attempt = _Attempt(text, job, working_dir, recovery, started + timeout_s, poll_s)
         ended = wait_or_stop_job("the Slurm job", attempt.wait, attempt.cancel, SlurmJobFailed, submit=attempt.submit)

@@ -19,10 +19,12 @@ LOG_EVERY_S = 5.0
 # ends instead, with LOST_PEER_EXIT, so that the launcher restarts the job from the last backup.
 PEER_CHECK_S, PEER_LOST_AFTER = 5.0, 3
 LOST_PEER_EXIT = 75  # EX_TEMPFAIL: try again
+CHIEF_CHECK_S = 2.0  # under parameter servers, how often a server looks whether the chief has finished
 
 
 def roles(strategy: str, num_workers: int, num_ps: int) -> dict[str, int]:
-    """Task counts by role, in the order Slurm's task ranks take them (rank 0 is the chief)."""
+    """Task counts by role. TF's resolver gives Slurm's task ranks to the roles in name order: rank 0 is the chief,
+    then parameter servers, then workers."""
     if strategy == "parameter_server":
         return {"chief": 1, "worker": num_workers, "ps": num_ps}
     return {"chief": 1, "worker": num_workers - 1} if num_workers > 1 else {"chief": 1}
@@ -32,10 +34,14 @@ def tf_config(strategy: str, num_workers: int, num_ps: int, port: int, gpus: int
     """TF_CONFIG for this task, from SLURM_PROCID, the job's node list and `port` on every node."""
     from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import SlurmClusterResolver
 
-    # With no GPU the resolver would ask nvidia-smi, and a count of 0 divides by zero: one slot per task instead.
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import expand_tasks_per_node
+
+    # The resolver gives a node's tasks one port each, as far as the node's GPUs go: with no GPU it would ask
+    # nvidia-smi, and a count of 0 divides by zero, so each task counts as having one.
+    per_node = max(expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"]))
     resolver = SlurmClusterResolver(jobs=roles(strategy, num_workers, num_ps), port_base=port,
-                                    gpus_per_node=max(gpus, 1), gpus_per_task=max(gpus, 1), tasks_per_node=None,
-                                    auto_set_gpu=bool(gpus))
+                                    gpus_per_node=max(gpus, 1) * per_node, gpus_per_task=max(gpus, 1),
+                                    tasks_per_node=None, auto_set_gpu=bool(gpus))
     return {"cluster": resolver.cluster_spec().as_dict(),
             "task": {"type": resolver.task_type, "index": resolver.task_id}}
 
@@ -110,12 +116,20 @@ def main(argv: list[str]) -> int:
     stop, lost = threading.Event(), threading.Event()
     copier = threading.Thread(target=_copy_log, args=(lines, os.path.join(logs, f"{task}.log"), stop), daemon=True)
     copier.start()
-    threading.Thread(target=_end_when_a_peer_is_lost, args=(config, lost, stop, worker, lines), daemon=True).start()
+    done = threading.Event()  # a server's work is over: the chief (the coordinator) finished
+    if strategy == "parameter_server" and config["task"]["type"] != "chief":
+        chief_log = os.path.join(logs, "chief-0.log")
+        threading.Thread(target=_end_when_the_chief_is_done, args=(chief_log, done, stop, worker, lines),
+                         daemon=True).start()
+    threading.Thread(target=_end_when_a_peer_is_lost, args=(config, lost, stop, done, worker, lines),
+                     daemon=True).start()
     for line in worker.stdout:
         sys.stdout.write(line)
         lines.append(line)
     code = worker.wait()
-    if lost.is_set():
+    if done.is_set():
+        code = 0
+    elif lost.is_set():
         code = LOST_PEER_EXIT
     lines.append(f"{task} exited with {code}\n")
     stop.set()
@@ -123,9 +137,26 @@ def main(argv: list[str]) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _end_when_a_peer_is_lost(config, lost, stop, worker, lines) -> None:
+def _end_when_the_chief_is_done(chief_log: str, done, stop, worker, lines) -> None:
+    """Under parameter servers, workers and servers serve until stopped: stop this one once the chief's log on the
+    store says it exited with 0, so that the job completes."""
+    from hpml.components import files
+
+    while not stop.wait(CHIEF_CHECK_S):
+        try:
+            finished = files.read_text(chief_log).endswith("chief-0 exited with 0\n")
+        except OSError:  # not written yet, or being replaced
+            continue
+        if finished:
+            lines.append("chief-0 finished: this server's work is done\n")
+            done.set()
+            worker.terminate()
+            return
+
+
+def _end_when_a_peer_is_lost(config, lost, stop, done, worker, lines) -> None:
     watch_peers(config, lost, stop)
-    if lost.is_set():
+    if lost.is_set() and not done.is_set():
         lines.append(f"{lost.peer} has been unreachable for {PEER_CHECK_S * PEER_LOST_AFTER:.0f}s: ending this task "
                      "so that the job restarts from the last backup\n")
         worker.kill()
