@@ -224,12 +224,13 @@ def test_a_pusher_killed_mid_copy_leaves_no_version_and_the_next_push_takes_vers
     assert os.path.getsize(os.path.join(destination, "1", "assets", "padding.bin")) == 256 << 20
 
 
-def test_a_pusher_retried_after_it_published_pushes_nothing_again(tmp_path):
+def test_a_pusher_retried_after_it_published_pushes_nothing_again(tmp_path, monkeypatch):
     """Its task lost after the push (or cleared and run again): the retry finds its model in service, by the
     SavedModel's fingerprint, and reports that version; the registry keeps one version for it. Another model is
     still the next version."""
     from hpml.components.pusher import PUSHER
 
+    monkeypatch.chdir(tmp_path)  # a sqlite tracking URI keeps its runs' artifacts in ./mlruns
     model, other = _tiny_saved_model(str(tmp_path / "model")), _tiny_saved_model(str(tmp_path / "other"), tag=1.0)
     blessing = _blessing(str(tmp_path / "blessing"))
     destination = str(tmp_path / "serving")

@@ -32,9 +32,8 @@ def roles(strategy: str, num_workers: int, num_ps: int) -> dict[str, int]:
 
 def tf_config(strategy: str, num_workers: int, num_ps: int, port: int, gpus: int) -> dict:
     """TF_CONFIG for this task, from SLURM_PROCID, the job's node list and `port` on every node."""
-    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import SlurmClusterResolver
-
-    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import expand_tasks_per_node
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (SlurmClusterResolver,
+                                                                                      expand_tasks_per_node)
 
     # The resolver gives a node's tasks one port each, as far as the node's GPUs go: with no GPU it would ask
     # nvidia-smi, and a count of 0 divides by zero, so each task counts as having one.
