@@ -13,21 +13,11 @@ import pytest
 from tests.helpers import assert_same_weights, served_weights, store_env
 
 RUN_TIMEOUT_S = 900
-PENGUIN_CONF = {"epochs": 2}  # the fault-free run, and the one whose host is cut off
-DEAD_TRAINER_CONF = {"epochs": 10, "batch_size": 8, "num_workers": 2, "strategy": "multi_worker_mirrored",
-                     "steps_per_execution": 1}
+# The fault-free penguin run and the one that loses hosts: two workers train in the Trainer's task, long enough that
+# its host can die mid-training with backups on the store.
+PENGUIN_CONF = {"epochs": 7, "batch_size": 8, "num_workers": 2, "strategy": "multi_worker_mirrored",
+                "steps_per_execution": 1}
 STEPS_PER_EPOCH = 28  # penguin's 217 training rows in batches of 8
-# The penguin DAG's Trainer task as Airflow runs it (its params from the same conf), on the same inputs, into
-# other outputs: HPML_ARGS is [conf, the run's outputs by node, the Trainer's outputs].
-UNINTERRUPTED_TRAINER = """
-import json, os
-from hpml.examples.penguin.pipeline import PIPELINE
-from hpml.pipelines import params
-conf, upstream, outputs = json.loads(os.environ["HPML_ARGS"])
-node = PIPELINE.node("Trainer")
-node.component.run(node.resolve_inputs(upstream), outputs,
-                   node.params(params.validate(PIPELINE.params_schema, conf, PIPELINE.param_checks)))
-"""
 
 
 def _finished(airflow, cluster_store, dag_id: str, run_id: str):
@@ -112,15 +102,21 @@ def _task(airflow, dag_id: str, run_id: str, task_id: str) -> dict:
     return airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}")
 
 
-def test_a_worker_host_cut_off_for_30s_during_transform_leaves_nothing_half_written_and_the_run_ends_the_same(
+def test_a_cut_off_transform_host_a_dead_trainer_host_and_a_redis_restart_cost_retries_and_lose_nothing(
         cluster, cluster_airflow, cluster_store, plain_runs):
-    """The worker host running Transform loses its network for 30 s, longer than Airflow waits for a task's
-    heartbeat: Airflow retries the task on the other host while the first attempt is cut off. When the network
-    comes back, the run completes, and every artifact and the eval equal the fault-free run's."""
+    """Three faults in one run, each survived:
+    - the worker host running Transform loses its network for 30 s, longer than Airflow waits for a task's
+      heartbeat: Airflow retries Transform on the other host while the first attempt is cut off;
+    - mid-training, Celery's broker restarts;
+    - at the same moment the worker host running the Trainer dies (every process on it SIGKILLed): Airflow retries
+      the Trainer on the other host, which resumes from the backup on the store.
+    The run succeeds; every artifact holds exactly the files its manifest lists, and the examples, transformed rows,
+    vocabularies, the model's weights and its eval equal the fault-free run's."""
     from tests.test_beam_processes import _assets, _records, _rows
 
     airflow = cluster_airflow
     run_id = airflow.api("dags/penguin/dagRuns", "POST", {"logical_date": None, "conf": PENGUIN_CONF})["dag_run_id"]
+    quoted = urllib.parse.quote(run_id, safe="")
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while (transform := _task(airflow, "penguin", run_id, "Transform"))["state"] != "running":
         assert time.monotonic() < deadline and transform["state"] not in ("success", "failed"), transform
@@ -139,18 +135,41 @@ def test_a_worker_host_cut_off_for_30s_during_transform_leaves_nothing_half_writ
         time.sleep(30)
     finally:
         cut.reconnect()
-    record = _finished(airflow, cluster_store, "penguin", run_id)
-    transform = _task(airflow, "penguin", run_id, "Transform")
-    print(f"Transform: try {transform['try_number']} on {transform['hostname']}; {cut.name} was cut off")
 
-    from hpml.components import artifacts, files
+    epoch = 0
+    while epoch < 3:  # backups are written at each epoch's end: two are on the store
+        assert time.monotonic() < deadline, "the Trainer never got to its third epoch"
+        status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/status.json")
+        training = json.loads(body).get("training", {}).get("Trainer") if status == 200 else None
+        epoch = (training or {}).get("epoch", 0)
+        time.sleep(1)
+    lost = cluster[_task(airflow, "penguin", run_id, "Trainer")["hostname"]]
+    survivor = next(w for w in airflow.workers if w is not lost)
+    airflow.restart_redis()
+    killed, killed_at = lost.kill(), time.time()
+    assert killed >= 3, "the Celery worker, the task and its training processes"
+    try:
+        record = _finished(airflow, cluster_store, "penguin", run_id)
+    finally:
+        airflow.start_worker(lost)  # the host is back for the tests after this one
+
+    transform, trainer = (_task(airflow, "penguin", run_id, task) for task in ("Transform", "Trainer"))
+    print(f"Transform: try {transform['try_number']} on {transform['hostname']}; {cut.name} was cut off")
+    assert trainer["try_number"] == 2 and trainer["hostname"] == survivor.name, trainer
+    retried_after = datetime.datetime.fromisoformat(trainer["start_date"]).timestamp() - killed_at
+    print(f"the Trainer's host died; Airflow started it again on {survivor.name} {retried_after:.0f}s later")
+    log = json.dumps(airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances/Trainer/logs/2?full_content=true"))
+    resumed = [int(n) for n in re.findall(r"resuming from the backup after (\d+) training steps", log)]
+    assert resumed and min(resumed) >= STEPS_PER_EPOCH, f"the retry resumed from a backup on the store: {resumed}"
+
+    from hpml.components import artifacts
 
     plain = plain_runs["penguin"][1]
     with store_env(cluster_store.env(None)):
         for node, outputs in record.outputs.items():
             for key, uri in outputs.items():
                 artifacts.require_published(uri, f"{node}'s {key}")
-                # Whole and alone: exactly the files its manifest lists, none from the attempt that was cut off.
+                # Whole and alone: exactly the files its manifest lists, none from an attempt that was cut off.
                 manifest = json.loads(files.read_text(f"{uri}/{artifacts.PUBLISHED_FILE}"))["files"]
                 present = {path: size for path, size in files.walk_files(uri) if path != artifacts.PUBLISHED_FILE}
                 assert present == manifest, (node, key)
@@ -160,59 +179,6 @@ def test_a_worker_host_cut_off_for_30s_during_transform_leaves_nothing_half_writ
             assert (_rows(got["Transform"]["transformed_examples"], split) ==
                     _rows(want["Transform"]["transformed_examples"], split)).all()
         assert _assets(got["Transform"]["transform_graph"]) == _assets(want["Transform"]["transform_graph"])
+        # The Trainer that lost its host trained the model a Trainer that lost nothing trains.
+        assert_same_weights(served_weights(got["Trainer"]["model"]), served_weights(want["Trainer"]["model"]))
     assert record.eval_metrics and record.eval_metrics == plain.eval_metrics
-
-
-def test_a_dead_trainer_host_and_a_redis_restart_cost_a_retry_on_the_other_host_that_resumes_from_the_backup(
-        cluster, cluster_airflow, cluster_store):
-    """Mid-training, Celery's broker restarts and the worker host running the Trainer dies (every process on it
-    SIGKILLed). Airflow notices the lost task, retries it on the other worker host, and the Trainer there resumes
-    from the backup on the store; the run succeeds, with the model a Trainer that lost nothing trains."""
-    airflow = cluster_airflow
-    conf = DEAD_TRAINER_CONF
-    run_id = airflow.api("dags/penguin/dagRuns", "POST", {"logical_date": None, "conf": conf})["dag_run_id"]
-    quoted = urllib.parse.quote(run_id, safe="")
-    deadline, epoch = time.monotonic() + RUN_TIMEOUT_S, 0
-    while epoch < 3:  # backups are written at each epoch's end
-        assert time.monotonic() < deadline, "the Trainer never got to its third epoch"
-        status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/status.json")
-        training = json.loads(body).get("training", {}).get("Trainer") if status == 200 else None
-        epoch = (training or {}).get("epoch", 0)
-        time.sleep(1)
-    tasks = {t["task_id"]: t for t in airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances")["task_instances"]}
-    lost = cluster[tasks["Trainer"]["hostname"]]
-    survivor = next(w for w in airflow.workers if w is not lost)
-    airflow.restart_redis()
-    killed, killed_at = lost.kill(), time.time()
-    assert killed >= 3, "the Celery worker, the task and its training processes"
-
-    run = airflow.wait_for_run("penguin", run_id, RUN_TIMEOUT_S)
-    tasks = {t["task_id"]: t for t in airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances")["task_instances"]}
-    assert run["state"] == "success", {t: task["state"] for t, task in tasks.items()}
-    trainer = tasks["Trainer"]
-    assert trainer["try_number"] == 2 and trainer["hostname"] == survivor.name, trainer
-    retried_after = datetime.datetime.fromisoformat(trainer["start_date"]).timestamp() - killed_at
-    print(f"the Trainer's host died; Airflow started it again on {survivor.name} {retried_after:.0f}s later")
-    log = json.dumps(airflow.api(f"dags/penguin/dagRuns/{quoted}/taskInstances/Trainer/logs/2?full_content=true"))
-    resumed = [int(n) for n in re.findall(r"resuming from the backup after (\d+) training steps", log)]
-    assert resumed and min(resumed) >= STEPS_PER_EPOCH, f"the retry resumed from a backup on the store: {resumed}"
-    airflow.start_worker(lost)  # the host is back for the tests after this one
-
-    # The same Trainer task on the same inputs, uninterrupted, on the surviving host: the same weights and eval.
-    with store_env({**cluster_store.env(None), "MLFLOW_TRACKING_URI": airflow.mlflow_uri}):
-        from hpml.pipelines import records
-
-        record = records.load(records.find("airflow.run_id", run_id, "penguin"))
-    plain = {"model": f"{cluster_store.root}/uninterrupted/{survivor.name}/model",
-             "model_run": f"{cluster_store.root}/uninterrupted/{survivor.name}/model_run"}
-    started = time.monotonic()
-    survivor.python(UNINTERRUPTED_TRAINER, env={**cluster_store.env(survivor), "HPML_ARGS": json.dumps(
-        [conf, record.outputs, plain])}, timeout=600)
-    print(f"the uninterrupted Trainer took {time.monotonic() - started:.0f}s")
-    with store_env(cluster_store.env(None)):
-        from hpml.components import artifacts, files
-
-        resumed, plain_weights = served_weights(record.outputs["Trainer"]["model"]), served_weights(plain["model"])
-        plain_eval = json.loads(files.read_text(f"{plain['model_run']}/{artifacts.EVAL_METRICS_FILE}"))
-    assert_same_weights(resumed, plain_weights)
-    assert record.eval_metrics == {name: plain_eval[name] for name in record.eval_metrics}
