@@ -86,11 +86,31 @@ def _feature_names(header: list[str]) -> list[str]:
     return names
 
 
-def profile_csv(path: str, label: str, task: str | None = None, encoding: str = DEFAULT_ENCODING) -> CsvProfile:
-    """Read the whole CSV once: each column's kind, and the task its label asks for."""
-    if not files.isfile(path):
-        raise InputDataError(f"{path}: no such file", hint="--csv takes the path or URL (gs://, s3://) of a CSV "
-                                                           "file with a header row")
+@dataclass
+class _ColumnScan:
+    """What one pass over a CSV's rows finds in each column: up to MAX_CLASSES + 1 distinct values, and whether
+    every value is a number and a whole one."""
+    header: list[str]
+    values: list[set[str]]
+    numeric: list[bool]
+    whole: list[bool]
+    rows: int = 0
+
+    def add(self, row: list[str]) -> None:
+        self.rows += 1
+        for i, cell in enumerate(row):
+            if cell in MISSING:
+                continue
+            if len(self.values[i]) <= MAX_CLASSES:
+                self.values[i].add(cell)
+            if self.numeric[i] and not _is_number(cell):
+                self.numeric[i] = False
+            if self.whole[i] and self.numeric[i] and not float(cell).is_integer():
+                self.whole[i] = False
+
+
+def _scan(path: str, encoding: str) -> _ColumnScan:
+    """Read the whole CSV once; a malformed row fails with its line number."""
     codec = "utf-8-sig" if encoding.lower().replace("_", "-") in ("utf-8", "utf8") else encoding
     try:
         with files.open_text(path, codec, newline="") as handle:
@@ -98,10 +118,7 @@ def profile_csv(path: str, label: str, task: str | None = None, encoding: str = 
             header = next(reader, None)
             if not header or not any(cell.strip() for cell in header):
                 raise InputDataError(f"{path}: the file is empty; hpml init needs a header row and data rows")
-            values: list[set[str]] = [set() for _ in header]
-            numeric = [True] * len(header)
-            whole = [True] * len(header)
-            rows = 0
+            scan = _ColumnScan(header, [set() for _ in header], [True] * len(header), [True] * len(header))
             line = reader.line_num + 1  # where the next record starts
             for row in reader:
                 first, line = line, reader.line_num + 1
@@ -118,19 +135,16 @@ def profile_csv(path: str, label: str, task: str | None = None, encoding: str = 
                                                   'twice: "")')
                     raise InputDataError(f"{path}:{first}: expected {len(header)} fields, got {len(row)}",
                                          hint="fix the row, or quote a field that holds a comma")
-                rows += 1
-                for i, cell in enumerate(row):
-                    if cell in MISSING:
-                        continue
-                    if len(values[i]) <= MAX_CLASSES:
-                        values[i].add(cell)
-                    if numeric[i] and not _is_number(cell):
-                        numeric[i] = False
-                    if whole[i] and numeric[i] and not float(cell).is_integer():
-                        whole[i] = False
+                scan.add(row)
     except UnicodeDecodeError as err:
         raise InputDataError(f"{path}: not {encoding} text ({err.reason} at byte {err.start})",
                              hint="pass --encoding, e.g. latin-1 or cp1252") from None
+    return scan
+
+
+def _feature_header(path: str, header: list[str], label: str) -> tuple[list[str], str, tuple]:
+    """The header as feature names, the label's feature name, and the (column, feature) pairs renamed; a
+    repeated column or a label that is not a column is refused."""
     header = [name.strip() for name in header]
     repeated = sorted({name for name in header if header.count(name) > 1})
     if repeated:
@@ -141,25 +155,38 @@ def profile_csv(path: str, label: str, task: str | None = None, encoding: str = 
                         hint=(f"did you mean {close[0]!r}? " if close else "") + f"columns: {', '.join(header)}")
     features = _feature_names(header)
     renamed = tuple((column, feature) for column, feature in zip(header, features) if column != feature)
-    label = features[header.index(label)]
-    header = features
-    if rows == 0:
-        raise InputDataError(f"{path}: the file has a header but no data rows")
-    at = header.index(label)
-    if not values[at]:
+    return features, features[header.index(label)], renamed
+
+
+def _label_task(path: str, label: str, values: set[str], numeric: bool, whole: bool, task: str | None) -> str:
+    """The task the label asks for (or the one asked, checked against the label's values)."""
+    if not values:
         raise InputDataError(f"{path}: label {label!r} has no value in any row")
     if task is None:
-        task = "classification" if not numeric[at] or (whole[at] and len(values[at]) <= MAX_CLASSES) \
-            else "regression"
-    if task == "regression" and not numeric[at]:
-        raise InputDataError(f"{path}: label {label!r} holds text (e.g. {sorted(values[at])[0]!r}), so it cannot be "
+        task = "classification" if not numeric or (whole and len(values) <= MAX_CLASSES) else "regression"
+    if task == "regression" and not numeric:
+        raise InputDataError(f"{path}: label {label!r} holds text (e.g. {sorted(values)[0]!r}), so it cannot be "
                              "a regression target", hint="leave out --task, or choose a numeric label")
-    if task == "classification" and len(values[at]) < 2:
-        raise InputDataError(f"{path}: label {label!r} has one value ({next(iter(values[at]))!r}) in every row; a "
+    if task == "classification" and len(values) < 2:
+        raise InputDataError(f"{path}: label {label!r} has one value ({next(iter(values))!r}) in every row; a "
                              "classifier needs at least 2", hint="choose another label column")
+    return task
+
+
+def profile_csv(path: str, label: str, task: str | None = None, encoding: str = DEFAULT_ENCODING) -> CsvProfile:
+    """Read the whole CSV once: each column's kind, and the task its label asks for."""
+    if not files.isfile(path):
+        raise InputDataError(f"{path}: no such file", hint="--csv takes the path or URL (gs://, s3://) of a CSV "
+                                                           "file with a header row")
+    scan = _scan(path, encoding)
+    header, label, renamed = _feature_header(path, scan.header, label)
+    if scan.rows == 0:
+        raise InputDataError(f"{path}: the file has a header but no data rows")
+    at, values, numeric = header.index(label), scan.values, scan.numeric
+    task = _label_task(path, label, values[at], numeric[at], scan.whole[at], task)
     features = [i for i in range(len(header)) if i != at]
     return CsvProfile(
-        path=path if files.is_url(path) else str(Path(path).resolve()), label=label, task=task, rows=rows,
+        path=path if files.is_url(path) else str(Path(path).resolve()), label=label, task=task, rows=scan.rows,
         numeric=tuple(header[i] for i in features if values[i] and numeric[i]),
         categorical=tuple(header[i] for i in features if values[i] and not numeric[i]),
         empty=tuple(header[i] for i in features if not values[i]),

@@ -7,6 +7,7 @@ The checks only look at the fields a pipeline's schema has, so a pipeline may dr
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any
@@ -28,108 +29,121 @@ def step_hyperparameters(params: Mapping[str, Any]) -> dict:
             "precision": None if precision == "auto" else precision}
 
 
+# How long and how fast the model learns.
+_LEARNING = {
+    "epochs": {
+        "type": "integer", "minimum": 1, "maximum": 1000, "default": 10,
+        "title": "Epochs", "description": "Full passes over the train split.",
+    },
+    "batch_size": {
+        "type": "integer", "minimum": 1, "maximum": 65536, "default": 32,
+        "title": "Batch size", "description": "Global batch size, summed over replicas.",
+    },
+    "learning_rate": {
+        "type": "number", "exclusiveMinimum": 0, "maximum": 10, "default": 0.01,
+        "title": "Learning rate", "description": "Adam learning rate.",
+    },
+}
+
+# Where and how the Trainer's workers run.
+_DISTRIBUTION = {
+    "strategy": {
+        "type": "string", "enum": list(STRATEGIES), "default": "auto",
+        "title": "Distribution strategy",
+        "description": "tf.distribute strategy, or gpipe; auto picks one from the devices and cluster.",
+    },
+    "launcher": {
+        "type": "string", "enum": list(LAUNCHERS), "default": "local",
+        "title": "Launcher",
+        "description": "Where Trainer workers run: local processes on loopback; kubernetes (Kubeflow "
+                       "TFJob) and vertex (Vertex AI CustomJob) need the deployment's HPML_CLUSTER_CONFIG "
+                       "(image, namespace, ...); slurm submits to the deployment's Slurm cluster, one "
+                       "task per node.",
+    },
+    "remat": {
+        "type": "string", "enum": ["never", "except_last", "always"], "default": REMAT_DEFAULT,
+        "title": "Rematerialisation (gpipe)",
+        "description": "With strategy gpipe: recompute each stage's activations in the backward pass "
+                       "for every micro-batch (always), all but the last (except_last), or none (never). Other "
+                       "strategies refuse a value other than except_last.",
+    },
+    "num_workers": {
+        "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
+        "title": "Workers",
+        "description": "Trainer worker processes: on loopback (local launcher) or replicas of the "
+                       "remote job. More than 1 needs strategy auto, multi_worker_mirrored or "
+                       "parameter_server.",
+    },
+    "num_ps": {
+        "type": "integer", "minimum": 0, "maximum": 8, "default": 0,
+        "title": "Parameter servers",
+        "description": "ParameterServerStrategy's ps tasks: processes on loopback (local launcher) or ps "
+                       "replicas of the remote job. Strategy parameter_server needs 1 or more; with "
+                       "strategy auto, 1 or more picks parameter_server.",
+    },
+}
+
+# The training step: its micro-batches, its calls, compilation and precision; and the seed that makes it repeatable.
+_STEP = {
+    "gradient_accumulation_steps": {
+        "type": "integer", "minimum": 1, "maximum": 64, "default": 1,
+        "title": "Gradient accumulation steps",
+        "description": "Split each batch into this many micro-batches and apply one summed update. At "
+                       "most batch_size; strategy gpipe makes its own micro-batches, so leave it at 1 there.",
+    },
+    "steps_per_execution": {
+        "type": "integer", "minimum": 0, "maximum": 1024, "default": 0,
+        "title": "Steps per execution",
+        "description": "Training steps per tf.function call; 0: measured for this model on this machine "
+                       "(the tuned step), and kept for the next run of the same model, data and device.",
+    },
+    "xla": {
+        "type": "string", "enum": ["auto", "on", "off"], "default": "auto",
+        "title": "XLA", "description": "Compile the training step with XLA; auto: where measuring shows it "
+                                       "is faster, within the tuned step's budget.",
+    },
+    "precision": {
+        "type": "string", "enum": ["auto", "float32", "mixed_bfloat16", "mixed_float16"], "default": "auto",
+        "title": "Precision",
+        "description": "Keras mixed-precision policy; auto: measured where the device has a fast path "
+                       "(bfloat16 on TPUs and CPUs with AVX512_BF16 or AMX, float16 on GPUs with tensor "
+                       "cores), kept only within 2% of float32's loss.",
+    },
+    "seed": {
+        "type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1, "default": 42,
+        "title": "Seed",
+        "description": "Seeds weight initialisation and the shuffle order: the same seed, data "
+                       "and parameters learn the same model, bit for bit.",
+    },
+}
+
+# How ExampleGen reads the CSV.
+_CSV = {
+    "encoding": {
+        "type": "string", "minLength": 1, "maxLength": 40, "default": DEFAULT_ENCODING,
+        "title": "CSV encoding",
+        "description": "Text encoding of the CSV files: utf-8 (with or without a byte-order mark), or "
+                       "e.g. latin-1 or cp1252 for older spreadsheet exports.",
+    },
+    "skip_bad_rows": {
+        "type": "boolean", "default": False,
+        "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing; "
+                                                     "the task log names the first few, by line.",
+    },
+}
+
+
 def training_params_schema(default_data_path: str) -> dict:
     """JSON schema (draft 7) of the parameters a training pipeline usually exposes: data, epochs, batch size,
     strategy, launcher and the rest. Extend or trim its "properties" for your pipeline."""
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "data_path": {
-                "type": "string", "format": "path", "minLength": 1, "default": default_data_path,
-                "title": "Data path",
-                "description": "CSV file (plain or GZIP), directory or glob to ingest, local or gs://. A path "
-                               "other than this default must lie under HPML_DATA_ROOTS.",
-            },
-            "epochs": {
-                "type": "integer", "minimum": 1, "maximum": 1000, "default": 10,
-                "title": "Epochs", "description": "Full passes over the train split.",
-            },
-            "batch_size": {
-                "type": "integer", "minimum": 1, "maximum": 65536, "default": 32,
-                "title": "Batch size", "description": "Global batch size, summed over replicas.",
-            },
-            "learning_rate": {
-                "type": "number", "exclusiveMinimum": 0, "maximum": 10, "default": 0.01,
-                "title": "Learning rate", "description": "Adam learning rate.",
-            },
-            "strategy": {
-                "type": "string", "enum": list(STRATEGIES), "default": "auto",
-                "title": "Distribution strategy",
-                "description": "tf.distribute strategy, or gpipe; auto picks one from the devices and cluster.",
-            },
-            "launcher": {
-                "type": "string", "enum": list(LAUNCHERS), "default": "local",
-                "title": "Launcher",
-                "description": "Where Trainer workers run: local processes on loopback; kubernetes (Kubeflow "
-                               "TFJob) and vertex (Vertex AI CustomJob) need the deployment's HPML_CLUSTER_CONFIG "
-                               "(image, namespace, ...); slurm submits to the deployment's Slurm cluster, one "
-                               "task per node.",
-            },
-            "remat": {
-                "type": "string", "enum": ["never", "except_last", "always"], "default": REMAT_DEFAULT,
-                "title": "Rematerialisation (gpipe)",
-                "description": "With strategy gpipe: recompute each stage's activations in the backward pass "
-                               "for every micro-batch (always), all but the last (except_last), or none (never). Other "
-                               "strategies refuse a value other than except_last.",
-            },
-            "num_workers": {
-                "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
-                "title": "Workers",
-                "description": "Trainer worker processes: on loopback (local launcher) or replicas of the "
-                               "remote job. More than 1 needs strategy auto, multi_worker_mirrored or "
-                               "parameter_server.",
-            },
-            "num_ps": {
-                "type": "integer", "minimum": 0, "maximum": 8, "default": 0,
-                "title": "Parameter servers",
-                "description": "ParameterServerStrategy's ps tasks: processes on loopback (local launcher) or ps "
-                               "replicas of the remote job. Strategy parameter_server needs 1 or more; with "
-                               "strategy auto, 1 or more picks parameter_server.",
-            },
-            "gradient_accumulation_steps": {
-                "type": "integer", "minimum": 1, "maximum": 64, "default": 1,
-                "title": "Gradient accumulation steps",
-                "description": "Split each batch into this many micro-batches and apply one summed update. At "
-                               "most batch_size; strategy gpipe makes its own micro-batches, so leave it at 1 there.",
-            },
-            "steps_per_execution": {
-                "type": "integer", "minimum": 0, "maximum": 1024, "default": 0,
-                "title": "Steps per execution",
-                "description": "Training steps per tf.function call; 0: measured for this model on this machine "
-                               "(the tuned step), and kept for the next run of the same model, data and device.",
-            },
-            "xla": {
-                "type": "string", "enum": ["auto", "on", "off"], "default": "auto",
-                "title": "XLA", "description": "Compile the training step with XLA; auto: where measuring shows it "
-                                               "is faster, within the tuned step's budget.",
-            },
-            "precision": {
-                "type": "string", "enum": ["auto", "float32", "mixed_bfloat16", "mixed_float16"], "default": "auto",
-                "title": "Precision",
-                "description": "Keras mixed-precision policy; auto: measured where the device has a fast path "
-                               "(bfloat16 on TPUs and CPUs with AVX512_BF16 or AMX, float16 on GPUs with tensor "
-                               "cores), kept only within 2% of float32's loss.",
-            },
-            "seed": {
-                "type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1, "default": 42,
-                "title": "Seed",
-                "description": "Seeds weight initialisation and the shuffle order: the same seed, data "
-                               "and parameters learn the same model, bit for bit.",
-            },
-            "encoding": {
-                "type": "string", "minLength": 1, "maxLength": 40, "default": DEFAULT_ENCODING,
-                "title": "CSV encoding",
-                "description": "Text encoding of the CSV files: utf-8 (with or without a byte-order mark), or "
-                               "e.g. latin-1 or cp1252 for older spreadsheet exports.",
-            },
-            "skip_bad_rows": {
-                "type": "boolean", "default": False,
-                "title": "Skip bad rows", "description": "Skip and count malformed CSV rows instead of failing; "
-                                                             "the task log names the first few, by line.",
-            },
-        },
+    data_path = {
+        "type": "string", "format": "path", "minLength": 1, "default": default_data_path,
+        "title": "Data path",
+        "description": "CSV file (plain or GZIP), directory or glob to ingest, local, gs:// or s3://. A path "
+                       "other than this default must lie under HPML_DATA_ROOTS.",
     }
+    properties = {"data_path": data_path, **_LEARNING, **_DISTRIBUTION, **_STEP, **_CSV}
+    return {"type": "object", "additionalProperties": False, "properties": copy.deepcopy(properties)}
 
 
 def check_text_encoding(values: Mapping[str, Any]) -> None:

@@ -67,21 +67,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     buckets = [params["splits"][name] for name in split_names]
 
     if params["input_format"] == "csv":
-        header = csv_header.read_csv_header(files[0], params["encoding"])
-        for other in files[1:]:
-            other_header = csv_header.read_csv_header(other, params["encoding"])
-            if other_header != header:
-                glob_hint = f"; a glob such as {os.path.join(source, '*.csv')} picks the parts alone" \
-                    if file_system.isdir(source) else ""
-                raise InputDataError(
-                    f"{other}: header differs from {files[0]}: {csv_header.header_difference(other_header, header)}",
-                    hint=f"every input file must hold the same columns in the same order{glob_hint}")
-        header = _renamed(header, params["rename_columns"], files[0])
-        for name in [*required, *numeric]:
-            if name not in header:
-                kind = "required" if name in required else "numeric"
-                raise InputDataError(f"{files[0]}:1: {kind} column {name!r} is missing",
-                                     hint=csv_header.describe_header(header))
+        header = _checked_csv_header(files, source, params, [*required, *numeric], required)
     elif params["rename_columns"]:
         raise InputDataError(f"{source}: rename_columns applies to CSV input; TFRecord input keeps its feature names",
                              hint="leave rename_columns out with input_format='tfrecord'")
@@ -102,28 +88,57 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         )
         result = run_pipeline(pipeline)
 
-        counts = {name: counter_value(result, NAMESPACE, f"examples_{name}") for name in split_names}
-        bad_rows = counter_value(result, NAMESPACE, "bad_rows")
-        if sum(counts.values()) == 0:
-            raise InputDataError(f"{source}: no usable rows ({bad_rows} bad rows skipped)")
-        empty = [name for name, count in counts.items() if count == 0]
-        if empty:
-            raise InputDataError(
-                f"{source}: split(s) {', '.join(empty)} got no examples from {sum(counts.values())} rows",
-                hint="use more data or change the split buckets",
-            )
+        counts, bad_rows = _checked_counts(result, source, split_names)
         artifacts.record_shard_sizes(examples_dir)
     empty_columns = [f.name for f in schema_file.read_schema(artifacts.schema_path(outputs["schema"])).feature
                      if schema_file.is_empty_column(f)]
     if empty_columns:
         log.warning("ExampleGen: column(s) %s hold no value in any row; the schema names them as DISABLED "
-                            "features, which tf.Transform and TFX's readers skip", ", ".join(empty_columns))
+                    "features, which tf.Transform and TFX's readers skip", ", ".join(empty_columns))
     if bad_rows:
         log.warning("ExampleGen skipped %d bad row(s) of %d (skip_bad_rows=true); the log above names the "
-                            "first", bad_rows, bad_rows + sum(counts.values()))
+                    "first", bad_rows, bad_rows + sum(counts.values()))
     result = {"split_counts": counts, "bad_rows": bad_rows, "input_files": len(files),
               "empty_columns": empty_columns}
     return {**result, RECORD_KEY: run_record(result).to_json()}
+
+
+def _checked_csv_header(files: list[str], source: str, params: Mapping[str, Any], columns: list[str],
+                        required: list[str]) -> list[str]:
+    """The CSV files' one header, renamed as asked; files whose headers differ, or a missing required or numeric
+    column, are refused with the file and line."""
+    header = csv_header.read_csv_header(files[0], params["encoding"])
+    for other in files[1:]:
+        other_header = csv_header.read_csv_header(other, params["encoding"])
+        if other_header != header:
+            glob_hint = f"; a glob such as {os.path.join(source, '*.csv')} picks the parts alone" \
+                if file_system.isdir(source) else ""
+            raise InputDataError(
+                f"{other}: header differs from {files[0]}: {csv_header.header_difference(other_header, header)}",
+                hint=f"every input file must hold the same columns in the same order{glob_hint}")
+    header = _renamed(header, params["rename_columns"], files[0])
+    for name in columns:
+        if name not in header:
+            kind = "required" if name in required else "numeric"
+            raise InputDataError(f"{files[0]}:1: {kind} column {name!r} is missing",
+                                 hint=csv_header.describe_header(header))
+    return header
+
+
+def _checked_counts(result, source: str, split_names: list[str]) -> tuple[dict[str, int], int]:
+    """Examples per split and bad rows skipped, from the pipeline's counters; no example, or a split left empty,
+    is an error."""
+    counts = {name: counter_value(result, NAMESPACE, f"examples_{name}") for name in split_names}
+    bad_rows = counter_value(result, NAMESPACE, "bad_rows")
+    if sum(counts.values()) == 0:
+        raise InputDataError(f"{source}: no usable rows ({bad_rows} bad rows skipped)")
+    empty = [name for name, count in counts.items() if count == 0]
+    if empty:
+        raise InputDataError(
+            f"{source}: split(s) {', '.join(empty)} got no examples from {sum(counts.values())} rows",
+            hint="use more data or change the split buckets",
+        )
+    return counts, bad_rows
 
 
 def _spread(pipeline, items):

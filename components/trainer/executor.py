@@ -75,19 +75,11 @@ def _check_inputs(examples: str, splits: list[str]) -> list[str]:
 
 
 def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
-    run_fn_name = params["run_fn"]
-    load_function(params["module"], run_fn_name)  # fail fast on a bad module
+    load_function(params["module"], params["run_fn"])  # fail fast on a bad module
     train_files = _check_inputs(inputs["examples"], params["train_splits"])
     eval_files = _check_inputs(inputs["examples"], params["eval_splits"])
     distillation = distill_mode.plan(inputs["examples"], inputs.get("teachers"), params)
-    cluster = remote.RemoteCluster.from_params(params["launcher"], params["cluster"]) if _remote(params) else None
-    if cluster is not None and staging.active():
-        raise SpecError(f"Trainer: launcher {params['launcher']!r} runs the workers on other machines, which cannot "
-                        "read this machine's local copies of the s3:// artifacts (TensorFlow has no S3 file system)",
-                        hint="train with launcher 'local' where the artifact root is on s3://, or put it on gs:// or "
-                             "a mount every node has")
-    if cluster is not None:
-        remote.check_reachable(params["launcher"], cluster, working_dir_for(outputs["model"]))
+    cluster = _checked_cluster(params, outputs["model"])
     plan = make_plan(params)
     distributed = params["num_workers"] > 1 or params["num_ps"] > 0
     if distributed and params["launcher"] == "local" and plan.strategy not in CLUSTER_STRATEGIES:
@@ -105,7 +97,6 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     working_dir = working_dir_for(staging.published_uri(outputs["model"]))
     files.makedirs(working_dir)
     backup_mirror.restore(working_dir, BACKUP_DIR)
-    launch = None
     with artifacts.publish(outputs["model"]) as model_dir, artifacts.publish(outputs["model_run"]) as run_dir:
         fn_args = FnArgs(
             working_dir=working_dir,
@@ -126,43 +117,70 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                input_pipeline_dir=inputs.get("input_pipeline"),
                                **({distill_mode.CONFIG_KEY: distillation.to_dict()} if distillation else {})),
         )
-        try:
-            if cluster is not None:
-                launch = _launch_remote(fn_args, params, plan, cluster, outputs["model"])
-            elif distributed:
-                launch = _launch_local(fn_args, params, plan)
-            else:
-                _run_in_process(load_function(params["module"], run_fn_name), fn_args,
-                                spec.compression if spec else "GZIP")
-        except BaseException as err:
-            # The epochs that finished, for the run record: this model_run is never published.
-            try:
-                err.partial_history = read_metrics(run_dir)
-            except (OSError, ValueError) as unreadable:  # e.g. a line cut short by a killed worker
-                log.warning("the finished epochs' metrics could not be read: %s", unreadable)
-            raise
-        if not files.isdir(fn_args.serving_model_dir):
-            raise SpecError(
-                f"run_fn finished but wrote no model to serving_model_dir ({fn_args.serving_model_dir})",
-                hint="run_fn must save a SavedModel to fn_args.serving_model_dir",
-            )
+        launch = _train(fn_args, params, plan, cluster, distributed, outputs["model"], spec)
         files.write_text(os.path.join(run_dir, artifacts.PLAN_FILE), json.dumps(plan.to_dict(), indent=2))
-        history = read_metrics(run_dir)
-        eval_metrics = _read_json(os.path.join(run_dir, artifacts.EVAL_METRICS_FILE)) or {}
-        gpipe = _read_json(os.path.join(run_dir, artifacts.GPIPE_RECORD_FILE))
-        input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
-        if input_stall is None:  # measured before an Airflow retry, whose model_run starts empty
-            input_stall = _read_json(os.path.join(progress_dir(working_dir), STALL_FILE))
-            if input_stall is not None:
-                files.write_text(os.path.join(run_dir, STALL_FILE), json.dumps(input_stall, indent=2))
-        tuned_step = _read_json(os.path.join(run_dir, TUNED_STEP_FILE))
+        result = _read_results(run_dir, working_dir)
     files.rmtree(working_dir)
     backup_mirror.remove(working_dir)
-    result = {"history": history, "eval_metrics": eval_metrics, "plan": plan.to_dict(), "gpipe": gpipe,
-              "launch": launch, "input_stall": input_stall, "tuned_step": tuned_step,
-              "skipped_shards": sorted(skipped_shards), "input_cache": input_cache,
-              "distillation": distillation.to_dict() if distillation else None}
+    result.update(plan=plan.to_dict(), launch=launch, skipped_shards=sorted(skipped_shards), input_cache=input_cache,
+                  distillation=distillation.to_dict() if distillation else None)
     return {**result, RECORD_KEY: run_record(result).to_json()}
+
+
+def _checked_cluster(params: Mapping[str, Any], model_uri: str) -> remote.RemoteCluster | None:
+    """The remote cluster a remote launcher submits to, checked before any work: None for launcher local."""
+    if not _remote(params):
+        return None
+    cluster = remote.RemoteCluster.from_params(params["launcher"], params["cluster"])
+    if staging.active():
+        raise SpecError(f"Trainer: launcher {params['launcher']!r} runs the workers on other machines, which cannot "
+                        "read this machine's local copies of the s3:// artifacts (TensorFlow has no S3 file system)",
+                        hint="train with launcher 'local' where the artifact root is on s3://, or put it on gs:// or "
+                             "a mount every node has")
+    remote.check_reachable(params["launcher"], cluster, working_dir_for(model_uri))
+    return cluster
+
+
+def _train(fn_args: FnArgs, params: Mapping[str, Any], plan, cluster, distributed: bool, model_uri: str,
+           spec) -> dict | None:
+    """Train: on the remote cluster, in local worker processes, or in this process. Returns the launch report of
+    a job of workers (None in process); a run_fn that wrote no model is an error."""
+    launch = None
+    try:
+        if cluster is not None:
+            launch = _launch_remote(fn_args, params, plan, cluster, model_uri)
+        elif distributed:
+            launch = _launch_local(fn_args, params, plan)
+        else:
+            _run_in_process(load_function(params["module"], params["run_fn"]), fn_args,
+                            spec.compression if spec else "GZIP")
+    except BaseException as err:
+        # The epochs that finished, for the run record: this model_run is never published.
+        try:
+            err.partial_history = read_metrics(fn_args.model_run_dir)
+        except (OSError, ValueError) as unreadable:  # e.g. a line cut short by a killed worker
+            log.warning("the finished epochs' metrics could not be read: %s", unreadable)
+        raise
+    if not files.isdir(fn_args.serving_model_dir):
+        raise SpecError(
+            f"run_fn finished but wrote no model to serving_model_dir ({fn_args.serving_model_dir})",
+            hint="run_fn must save a SavedModel to fn_args.serving_model_dir",
+        )
+    return launch
+
+
+def _read_results(run_dir: str, working_dir: str) -> dict:
+    """What the workers left in model_run: per-epoch history, eval, the GPipe record, the input stall, the step."""
+    input_stall = _read_json(os.path.join(run_dir, STALL_FILE))
+    if input_stall is None:  # measured before an Airflow retry, whose model_run starts empty
+        input_stall = _read_json(os.path.join(progress_dir(working_dir), STALL_FILE))
+        if input_stall is not None:
+            files.write_text(os.path.join(run_dir, STALL_FILE), json.dumps(input_stall, indent=2))
+    return {"history": read_metrics(run_dir),
+            "eval_metrics": _read_json(os.path.join(run_dir, artifacts.EVAL_METRICS_FILE)) or {},
+            "gpipe": _read_json(os.path.join(run_dir, artifacts.GPIPE_RECORD_FILE)),
+            "input_stall": input_stall,
+            "tuned_step": _read_json(os.path.join(run_dir, TUNED_STEP_FILE))}
 
 
 def _input_cache(spec, params) -> str | None:

@@ -190,7 +190,6 @@ def _check_finite(ranges: Mapping[str, Mapping[str, list]], splits) -> None:
 
 def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
     import tensorflow_transform as tft
-    import tensorflow_transform.beam as tft_beam
     from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
     from tfx_bsl.public import tfxio
 
@@ -222,43 +221,11 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                                                   for path in shards[split]),
                                  parallel_from=beam_utils.TRANSFORM_PARALLEL_BYTES)
         scratch = os.path.join(graph_dir, ".tft_tmp")
-        with tft_beam.Context(temp_dir=scratch):
-            analyze_data = [
-                pipeline | f"Read[{s}]ForAnalysis" >> example_io.ReadExampleBatches(shards[s], schema)
-                for s in params["analyze_splits"]
-            ] | "FlattenAnalysis" >> beam.Flatten()
-            transform_fn = (
-                (analyze_data, tensor_adapter_config) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn))
-            _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph_dir)
-            ranges = []
-            for split in splits:
-                raw = pipeline | f"Read[{split}]" >> example_io.ReadExampleBatches(shards[split], schema)
-                transformed, _ = (
-                    ((raw, tensor_adapter_config), transform_fn)
-                    | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True))
-                batches = transformed | f"Batches[{split}]" >> beam.Map(lambda batch: batch[0])
-                ranges.append(batches | f"Ranges[{split}]" >> beam.Map(
-                    lambda batch, split=split: {split: _numeric_ranges(batch)}))
-                prefix = os.path.join(artifacts.split_dir(examples_dir, split),
-                                      artifacts.TRANSFORMED_EXAMPLES_FILE_PREFIX)
-                _ = batches | f"Write[{split}]" >> example_io.WriteExampleShards(
-                    prefix, os.path.join(scratch, "written", split))
-            ranges_path = os.path.join(scratch, "feature_ranges.json")
-            _ = (ranges | "FlattenRanges" >> beam.Flatten() | "FeatureRanges" >> beam.CombineGlobally(_FeatureRanges())
-                 | "WriteRanges" >> beam.Map(_write_json, ranges_path))
-            run_pipeline(pipeline)
-        ranges = json.loads(files.read_text(ranges_path))
+        ranges = _analyze_and_transform(pipeline, shards, schema, tensor_adapter_config, preprocessing_fn,
+                                        params["analyze_splits"], graph_dir, examples_dir, scratch)
         _remove_scratch(scratch)
         artifacts.record_shard_sizes(examples_dir)
-        analyzed = list(params["analyze_splits"])
-        _check_finite(ranges, analyzed + [split for split in splits if split not in analyzed])
-        constant = _constant_features(ranges, params["analyze_splits"])
-        if constant:
-            log.warning(
-                "Transform: feature(s) %s hold one value in every transformed %s example, so the model can learn "
-                "nothing from them. Either the raw column is constant, or it holds a value so extreme that the "
-                "column's statistics overflowed (a z-score then divides by an infinite deviation): look at its "
-                "largest values", ", ".join(constant), "+".join(params["analyze_splits"]))
+        constant = _checked_ranges(ranges, list(params["analyze_splits"]), splits)
         transformed_schema = tft.TFTransformOutput(graph_dir).transformed_metadata.schema
         tuned = tuning.write_input_pipeline(
             artifacts.transformed_examples_file_pattern(examples_dir, params["analyze_splits"][0]), transformed_schema,
@@ -266,3 +233,50 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     result = {"splits": splits, "transformed_features": sorted(f.name for f in transformed_schema.feature),
               "input_pipeline": tuned, "constant_features": constant}
     return {**result, RECORD_KEY: run_record(result).to_json()}
+
+
+def _analyze_and_transform(pipeline, shards: dict, schema, tensor_adapter_config, preprocessing_fn,
+                           analyze_splits: list[str], graph_dir: str, examples_dir: str, scratch: str) -> dict:
+    """tf.Transform's full pass as one Beam pipeline: analyze the analyze splits, write the transform graph, and
+    transform and write every split. Returns each feature's value range over the transformed splits."""
+    import tensorflow_transform.beam as tft_beam
+
+    with tft_beam.Context(temp_dir=scratch):
+        analyze_data = [
+            pipeline | f"Read[{s}]ForAnalysis" >> example_io.ReadExampleBatches(shards[s], schema)
+            for s in analyze_splits
+        ] | "FlattenAnalysis" >> beam.Flatten()
+        transform_fn = (
+            (analyze_data, tensor_adapter_config) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn))
+        _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph_dir)
+        ranges = []
+        for split in shards:
+            raw = pipeline | f"Read[{split}]" >> example_io.ReadExampleBatches(shards[split], schema)
+            transformed, _ = (
+                ((raw, tensor_adapter_config), transform_fn)
+                | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True))
+            batches = transformed | f"Batches[{split}]" >> beam.Map(lambda batch: batch[0])
+            ranges.append(batches | f"Ranges[{split}]" >> beam.Map(
+                lambda batch, split=split: {split: _numeric_ranges(batch)}))
+            prefix = os.path.join(artifacts.split_dir(examples_dir, split), artifacts.TRANSFORMED_EXAMPLES_FILE_PREFIX)
+            _ = batches | f"Write[{split}]" >> example_io.WriteExampleShards(
+                prefix, os.path.join(scratch, "written", split))
+        ranges_path = os.path.join(scratch, "feature_ranges.json")
+        _ = (ranges | "FlattenRanges" >> beam.Flatten() | "FeatureRanges" >> beam.CombineGlobally(_FeatureRanges())
+             | "WriteRanges" >> beam.Map(_write_json, ranges_path))
+        run_pipeline(pipeline)
+    return json.loads(files.read_text(ranges_path))
+
+
+def _checked_ranges(ranges: dict, analyzed: list[str], splits: list[str]) -> list[str]:
+    """Refuse non-finite transformed values; return the features constant over the analyzed splits, with a
+    warning that says why a feature may be."""
+    _check_finite(ranges, analyzed + [split for split in splits if split not in analyzed])
+    constant = _constant_features(ranges, analyzed)
+    if constant:
+        log.warning(
+            "Transform: feature(s) %s hold one value in every transformed %s example, so the model can learn "
+            "nothing from them. Either the raw column is constant, or it holds a value so extreme that the "
+            "column's statistics overflowed (a z-score then divides by an infinite deviation): look at its "
+            "largest values", ", ".join(constant), "+".join(analyzed))
+    return constant

@@ -88,17 +88,7 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
 
         @task(task_id="start_run")
         def start_run(params=None, dag_run=None):
-            if dag_run.run_id.strip(".") == "":
-                # Airflow's execution API puts the run id in its URL paths, where '.' is a path segment that
-                # HTTP clients drop: this task could not hand its result on, and the run would never end.
-                raise AirflowFailException(
-                    f"run id {dag_run.run_id!r} cannot be used: Airflow cannot pass results between the tasks of a "
-                    "run with this id. Trigger the run again with another run id (or none, for Airflow's own)")
-            context = runner.start(
-                pipeline, dict(params), run_id=dag_run.run_id,
-                tags={"airflow.dag_id": dag_run.dag_id, "airflow.run_id": dag_run.run_id},
-            )
-            return context.to_dict()
+            return _start_run(pipeline, dict(params), dag_run)
 
         started = start_run()
         results = {}
@@ -107,24 +97,7 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
 
             @task(task_id=node.id, outlets=[asset] if produces_model else [], **retries)
             def run_node(context: dict, upstream: dict, node_id: str = node.id, outlet_events=None):
-                # TensorFlow's native start-up lines (an error-level "failed call to cuInit" on every CPU
-                # machine) and the libraries' info lines would bury hpml's own in the task's log, as `hpml run`
-                # keeps them out of the terminal (HPML_VERBOSE=1 keeps them).
-                verbose = os.environ.get(VERBOSE_ENV) == "1"
-                if not verbose:
-                    quiet_libraries()
-                start_tensorflow(verbose=verbose)
-                try:
-                    result = runner.execute_node(pipeline, node_id, runner.RunContext(**context), upstream)
-                except Stopped:  # SIGTERM: Airflow decides, as for any task it stops (a worker shutting down)
-                    raise
-                except (HpmlError, KeyboardInterrupt) as err:
-                    # Bad input or parameters fail every try the same way, and a retry would undo a Ctrl-C:
-                    # no retries for these. Other errors (a lost worker, a full disk) keep the task's retries.
-                    raise AirflowFailException(f"{node_id}: {type(err).__name__}: {err}") from err
-                if outlet_events is not None and "model" in result.outputs:
-                    outlet_events[asset].extra = {"uri": result.outputs["model"], "run_id": context["run_id"]}
-                return result.outputs
+                return _run_node(pipeline, node_id, context, upstream, outlet_events, asset)
 
             results[node.id] = run_node(started, {src: results[src] for src in node.upstream})
 
@@ -135,3 +108,38 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
 
         finish_run(started, list(results.values()))
     return dag
+
+
+def _start_run(pipeline: Pipeline, params: dict, dag_run) -> dict:
+    """The start_run task: refuse a run id Airflow cannot pass results under, then open the run record."""
+    if dag_run.run_id.strip(".") == "":
+        # Airflow's execution API puts the run id in its URL paths, where '.' is a path segment that
+        # HTTP clients drop: this task could not hand its result on, and the run would never end.
+        raise AirflowFailException(
+            f"run id {dag_run.run_id!r} cannot be used: Airflow cannot pass results between the tasks of a "
+            "run with this id. Trigger the run again with another run id (or none, for Airflow's own)")
+    context = runner.start(pipeline, params, run_id=dag_run.run_id,
+                           tags={"airflow.dag_id": dag_run.dag_id, "airflow.run_id": dag_run.run_id})
+    return context.to_dict()
+
+
+def _run_node(pipeline: Pipeline, node_id: str, context: dict, upstream: dict, outlet_events, asset) -> dict:
+    """A component's task: run the node, and tell Airflow's asset of a new model."""
+    # TensorFlow's native start-up lines (an error-level "failed call to cuInit" on every CPU machine) and the
+    # libraries' info lines would bury hpml's own in the task's log, as `hpml run` keeps them out of the terminal
+    # (HPML_VERBOSE=1 keeps them).
+    verbose = os.environ.get(VERBOSE_ENV) == "1"
+    if not verbose:
+        quiet_libraries()
+    start_tensorflow(verbose=verbose)
+    try:
+        result = runner.execute_node(pipeline, node_id, runner.RunContext(**context), upstream)
+    except Stopped:  # SIGTERM: Airflow decides, as for any task it stops (a worker shutting down)
+        raise
+    except (HpmlError, KeyboardInterrupt) as err:
+        # Bad input or parameters fail every try the same way, and a retry would undo a Ctrl-C: no retries for
+        # these. Other errors (a lost worker, a full disk) keep the task's retries.
+        raise AirflowFailException(f"{node_id}: {type(err).__name__}: {err}") from err
+    if outlet_events is not None and "model" in result.outputs:
+        outlet_events[asset].extra = {"uri": result.outputs["model"], "run_id": context["run_id"]}
+    return result.outputs

@@ -232,40 +232,51 @@ class PipelineModel(tf_keras.Model):
                     last[s] = y_out
                 else:
                     self.trace_counts[("B", s)] += 1
-                    tape, x_in, y_out, loss = tapes.pop((s, m))
-                    state = []
-                    if self._remat(m):  # the gradient below recomputes the forward, BatchNorm updates included
-                        self.trace_counts[("R", s)] += 1
-                        state = [(v, v.read_value()) for v in self.stage_variables(s, trainable=False)]
-                    sources = list(variables[s]) + ([x_in] if s > 0 else [])
-                    if s == k - 1:
-                        grads = tape.gradient(loss, sources)
-                    else:
-                        grads = tape.gradient(y_out, sources, output_gradients=input_grads.pop((s + 1, m)))
-                    with tf.control_dependencies([g for g in grads if g is not None]):
-                        restores = [v.assign(value) for v, value in state]  # statistics move once per micro-batch
-                    weight_grads = grads[:len(variables[s])]
-                    if s > 0:
-                        input_grads[(s, m)] = grads[-1]
+                    weight_grads, computed, restores = self._backward(s, m, tapes.pop((s, m)), variables[s],
+                                                                      input_grads)
                     summed[s] = [acc if g is None else acc + tf.convert_to_tensor(g)
                                  for acc, g in zip(summed[s], weight_grads)]
-                    computed = [g for g in grads if g is not None]
                     last[s] = computed + restores
                     backward_outputs[s] += computed
-        for s in range(k - 1):
-            # The loss (built on the last stage) carries every penalty for the loss metric, but
-            # differentiates only the last stage's; each other stage adds its own gradient here.
+        summed = self._add_penalty_gradients(summed, variables)
+        flat_vars = [v for vs in variables for v in vs]
+        summed = [gate_stage_gradients(summed[s], backward_outputs[s]) for s in range(k)]
+        flat_grads = [g for gs in summed for g in gs]
+        self.optimizer.apply_gradients(zip(flat_grads, flat_vars))
+        return self.get_metrics_result()
+
+    def _backward(self, s: int, m: int, taped, stage_variables: list, input_grads: dict):
+        """B(s, m): stage s's gradients for micro-batch m, from its tape (recomputing the forward where remat
+        says so). Leaves the gradient for the previous stage's output in `input_grads`; returns (the weights'
+        gradients, every gradient computed, the ops that restore non-trainable state after a recompute)."""
+        tape, x_in, y_out, loss = taped
+        state = []
+        if self._remat(m):  # the gradient below recomputes the forward, BatchNorm updates included
+            self.trace_counts[("R", s)] += 1
+            state = [(v, v.read_value()) for v in self.stage_variables(s, trainable=False)]
+        sources = list(stage_variables) + ([x_in] if s > 0 else [])
+        if s == self.num_stages - 1:
+            grads = tape.gradient(loss, sources)
+        else:
+            grads = tape.gradient(y_out, sources, output_gradients=input_grads.pop((s + 1, m)))
+        with tf.control_dependencies([g for g in grads if g is not None]):
+            restores = [v.assign(value) for v, value in state]  # statistics move once per micro-batch
+        if s > 0:
+            input_grads[(s, m)] = grads[-1]
+        return grads[:len(stage_variables)], [g for g in grads if g is not None], restores
+
+    def _add_penalty_gradients(self, summed: list, variables: list) -> list:
+        """The loss (built on the last stage) carries every penalty for the loss metric, but differentiates only
+        the last stage's; each other stage adds its own penalties' gradient here."""
+        summed = list(summed)
+        for s in range(self.num_stages - 1):
             with tf.device(self.devices[s]), tf.name_scope(f"stage{s}_penalty"), tf.GradientTape() as tape:
                 penalties = weight_penalties(self.stage_layers(s))
                 total = tf.add_n(penalties) if penalties else None
             if total is not None:
                 grads = tape.gradient(total, variables[s])
                 summed[s] = [acc if g is None else acc + tf.convert_to_tensor(g) for acc, g in zip(summed[s], grads)]
-        flat_vars = [v for vs in variables for v in vs]
-        summed = [gate_stage_gradients(summed[s], backward_outputs[s]) for s in range(k)]
-        flat_grads = [g for gs in summed for g in gs]
-        self.optimizer.apply_gradients(zip(flat_grads, flat_vars))
-        return self.get_metrics_result()
+        return summed
 
     def describe(self) -> dict:
         """What the run record keeps: K, M, the balance, the stage placement."""
