@@ -78,7 +78,7 @@ class _GFileReader(io.RawIOBase):
         super().close()
 
 
-def open_stream(path: str) -> io.BufferedIOBase:
+def open_stream(path: str) -> io.BufferedReader:
     """A buffered binary reader, for what wants a real stream (csv through io.TextIOWrapper, gzip)."""
     if is_s3(path):
         return s3_files.open_stream(path)
@@ -283,11 +283,28 @@ def copy_tree(source: str, target: str, last: tuple[str, ...] = ()) -> int:
     if not is_url(source) and not is_url(target) and not last:
         shutil.copytree(source, target, dirs_exist_ok=True)
         return sum(size for _, size in walk_files(target))
-    copied = 0
-    for relative, size in sorted(walk_files(source), key=lambda found: found[0] in last):
+    found = list(walk_files(source))
+    each_in_threads(lambda relative: copy_file(os.path.join(source, relative), os.path.join(target, relative)),
+                    [relative for relative, _ in found if relative not in last])
+    for relative in sorted(relative for relative, _ in found if relative in last):
         copy_file(os.path.join(source, relative), os.path.join(target, relative))
-        copied += size
-    return copied
+    return sum(size for _, size in found)
+
+
+COPY_THREADS = 8  # files in flight at once: each request to a store mostly waits on the network
+
+
+def each_in_threads(action, items: list, threads: int = COPY_THREADS) -> None:
+    """`action(item)` for every item, up to `threads` at a time; the first error is raised once all have ended."""
+    if len(items) <= 1:
+        for item in items:
+            action(item)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(threads, len(items)), thread_name_prefix="hpml-copy") as pool:
+        for _ in pool.map(action, items):
+            pass
 
 
 def copy_file(source: str, target: str) -> None:

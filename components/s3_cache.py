@@ -139,8 +139,10 @@ def local_tree(url: str) -> str:
     _make_room(where, sum(size for size, _ in listing.values()), budget(where), keep=path)
     partial = f"{path}{_PARTIAL}{uuid.uuid4().hex[:12]}"
     try:
-        for relative in listing:
-            s3_files.download_file(f"{url.rstrip('/')}/{relative}", os.path.join(partial, relative))
+        from hpml.components.files import each_in_threads
+
+        each_in_threads(lambda relative: s3_files.download_file(f"{url.rstrip('/')}/{relative}",
+                                                                os.path.join(partial, relative)), list(listing))
         if s3_files.list_etags(url) != listing:
             raise SpecError(f"{url}: objects changed while the folder was downloaded",
                             hint="a published artifact never changes: is a task still writing it?")

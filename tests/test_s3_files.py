@@ -191,8 +191,10 @@ class _DroppingProxy:
     """A TCP proxy in front of the S3 server that cuts its first `drops` connections after reading part of the
     request (an upload cut mid-body), then forwards the rest whole."""
 
-    def __init__(self, upstream_port: int, drops: int):
-        self.drops, self.dropped = drops, 0
+    def __init__(self, upstream_port: int, drops: int, delay_s: float = 0.0):
+        self.drops, self.dropped, self.delay_s = drops, 0, delay_s
+        self.open = self.most_open = 0  # connections forwarded now, and the most at once
+        self._lock = threading.Lock()
         self._upstream = upstream_port
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -219,12 +221,18 @@ class _DroppingProxy:
         def pipe(source, sink):
             with contextlib.suppress(OSError):
                 while data := source.recv(1 << 16):
+                    time.sleep(self.delay_s)  # a store some way off
                     sink.sendall(data)
             with contextlib.suppress(OSError):
                 sink.shutdown(socket.SHUT_WR)
 
+        with self._lock:
+            self.open += 1
+            self.most_open = max(self.most_open, self.open)
         threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
         pipe(client, upstream)
+        with self._lock:
+            self.open -= 1
 
     def close(self):
         self._listener.close()
@@ -258,3 +266,30 @@ def test_a_store_that_drops_connections_mid_upload_is_retried_then_named(s3, tmp
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)
     s3_files.forget_clients()
     assert not files.exists(f"{s3.root}/{tmp_path.name}/other.bin"), "nothing half-written"
+
+
+def test_a_folder_goes_to_and_from_the_store_several_files_at_a_time(s3, tmp_path, monkeypatch):
+    """Uploads (copy_tree) and the cache's folder download (local_tree) keep several requests in flight, since
+    each request to a store mostly waits on the network: the proxy in front of the store sees several connections
+    open at once."""
+    from hpml.components import s3_cache
+
+    local = tmp_path / "shards"
+    local.mkdir()
+    for i in range(16):
+        (local / f"part-{i:02d}.gz").write_bytes(os.urandom(10_000 + i))
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
+    slow = _DroppingProxy(s3.port, drops=0, delay_s=0.02)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{slow.port}")
+    s3_files.forget_clients()
+    try:
+        files.copy_tree(str(local), f"{s3.root}/{tmp_path.name}/shards")
+        uploads, slow.most_open = slow.most_open, 0
+        copy = s3_cache.local_tree(f"{s3.root}/{tmp_path.name}/shards")
+        downloads = slow.most_open
+    finally:
+        slow.close()
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.url)
+        s3_files.forget_clients()
+    assert uploads >= 4 and downloads >= 4, (uploads, downloads)
+    assert _tree(copy) == _tree(local)

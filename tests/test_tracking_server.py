@@ -1,7 +1,7 @@
 """A production-shaped deployment on loopback: Debian's PostgreSQL holds Airflow 3's metadata (LocalExecutor) and
-an MLflow tracking server's runs; the server keeps the artifacts in the object store (gs://, gcp-storage-emulator),
-where the DAG runs keep theirs too. Two penguin runs go at once, from the CLI and as DAG runs: both succeed, share
-no directory, and both records are whole on the server.
+an MLflow tracking server's runs; the server keeps the artifacts in the object store (gs://, gcp-storage-emulator).
+Two penguin runs go at once, from the CLI and as DAG runs (their artifacts on s3://, moto's server): both succeed,
+share no directory, and both records are whole on the server. The Report view reads the DAG runs from s3://.
 """
 import json
 import os
@@ -11,7 +11,6 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-import tensorflow as tf
 
 from tests.helpers import REPO
 from tests.services import MlflowServer, Postgres
@@ -33,9 +32,10 @@ def tracking_server(postgres, gcs_server, tmp_path_factory):
 
 
 def _files(root: str) -> list[str]:
-    """Every file under a gs:// root, relative to it."""
-    return sorted(os.path.join(folder, name)[len(root) + 1:] for folder, _, names in tf.io.gfile.walk(root)
-                  for name in names)
+    """Every file under a gs:// or s3:// root, relative to it."""
+    from hpml.components import files
+
+    return [path for path, _ in files.walk_files(root)]
 
 
 def _check_records(server, experiment_name: str, seeds: list[int]) -> list:
@@ -77,18 +77,19 @@ def test_two_cli_runs_at_once_are_recorded_whole_on_a_postgres_backed_server(tra
     assert not (home / "mlartifacts").exists(), "no artifact was left on this machine's disk"
 
 
-def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(postgres, tracking_server, gcs,
+def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(postgres, tracking_server, gcs, s3,
                                                                               tmp_path):
-    """The artifact root is on the object store: every task of both runs reads and writes its artifacts there."""
+    """The artifact root is on s3://: every task of both runs reads and writes its artifacts there, and the Report
+    view on Airflow's api-server reads the runs' status and reports from there."""
     from airflow_stack import AirflowStack
 
     home = tmp_path / "home"
-    artifact_root = f"{gcs.root}/{tmp_path.name}/artifacts"
+    artifact_root = f"{s3.root}/{tmp_path.name}/artifacts"
     stack = AirflowStack(tmp_path / "airflow", {
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.create_database("airflow"),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "4",
         "HPML_SCHEDULE": "none", "HPML_HOME": str(home), "MLFLOW_TRACKING_URI": tracking_server.url,
-        "HPML_ARTIFACT_ROOT": artifact_root, **gcs.env()}).start()
+        "HPML_ARTIFACT_ROOT": artifact_root, **gcs.env(), **s3.env()}).start()
     try:
         stack.wait_for_dag("penguin")
         run_ids = [stack.api("dags/penguin/dagRuns", "POST", {"logical_date": None,
@@ -97,7 +98,7 @@ def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(po
         finished = [stack.wait_for_run("penguin", run_id, timeout=900) for run_id in run_ids]
         assert [run["state"] for run in finished] == ["success", "success"], \
             [stack.task_states("penguin", run_id) for run_id in run_ids]
-        # The Report view's endpoints read the record from the tracking server and the report from gs://.
+        # The Report view's endpoints read the record from the tracking server and the report from s3://.
         token = stack.token()
         for run_id in run_ids:
             base = f"/hpml/runs/penguin/{urllib.parse.quote(run_id, safe='')}"
@@ -122,8 +123,8 @@ def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(po
         assert "Trainer/model/Format-Serving/saved_model.pb" in stored
     assert not (home / "artifacts").exists() and not (home / "mlartifacts").exists(), \
         "no artifact was left on the worker's disk"
-    # The tasks ran in this folder: a gs:// URL taken for a local path (os.makedirs) would leave gs:/bucket/... here.
-    assert not (Path.cwd() / "gs:" / gcs.bucket / tmp_path.name).exists(), "a URL was made into a local folder"
+    # The tasks ran in this folder: an s3:// URL taken for a local path (os.makedirs) would leave s3:/bucket/... here.
+    assert not (Path.cwd() / "s3:" / s3.bucket / tmp_path.name).exists(), "a URL was made into a local folder"
 
 
 def _push_at_once(tracking_uri: str, name: str, serving: str, pushers: int) -> tuple[list, list]:
