@@ -288,6 +288,7 @@ def test_a_gs_serving_folder_gives_distinct_whole_versions_to_pushers_on_any_hos
     assert files.isdir(partial) and not files.exists(f"{partial}/saved_model.pb"), "not caught mid-upload"
     assert serving_dir.versions(destination) == pushed and serving_dir.champion(destination) == 6
     assert serving_dir.publish(artifacts.serving_model_path(model), destination) == 8  # 7 stays taken
+    assert "7" not in [name.rstrip("/") for name in files.listdir(destination)], "removed by the next push"
 
     rollback = subprocess.run([sys.executable, "-m", "hpml.pipelines.cli", "models", "tiny", "--serving-dir",
                                destination, "--rollback", "5"], capture_output=True, text=True, timeout=120,
@@ -301,6 +302,31 @@ def test_a_gs_serving_folder_gives_distinct_whole_versions_to_pushers_on_any_hos
     assert serving_dir.versions(destination) == [1, 2, 3, 4, 5] and serving_dir.retired(destination) == [6, 8]
     assert _loads(f"{destination}/_retired/8") == 2.0 and serving_dir.champion(destination) == 5
     assert serving_dir.publish(artifacts.serving_model_path(model), destination) == 9
+
+
+def test_a_push_to_a_store_removes_uploads_whose_pusher_is_gone_and_keeps_their_numbers(tmp_path, gcs):
+    """What pushers that died mid-upload leave on gs:// (a claimed number, a folder without saved_model.pb): the
+    next push removes the folder of one that ran on this host and has ended, and of one on another host that
+    started hours ago; an upload another host started a moment ago stays. No number is given twice."""
+    import socket
+    import uuid
+
+    destination = f"{gcs.root}/{uuid.uuid4().hex[:8]}/serving"
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait(timeout=60)
+    now = time.time()
+    pushers = {1: (socket.gethostname(), ended.pid, now), 2: ("other-host", 1, now - 7 * 3600),
+               3: ("other-host", 1, now)}
+    for number, (host, pid, started) in pushers.items():
+        files.write_text(f"{destination}/{serving_dir.CLAIMS_DIR}/{number}",
+                         json.dumps({"host": host, "pid": pid, "model": "m", "started": started}))
+        files.write_text(f"{destination}/{number}/variables/variables.index", "part of an upload")
+    model = _tiny_saved_model(str(tmp_path / "model"))
+    assert serving_dir.publish(artifacts.serving_model_path(model), destination) == 4
+    # Listed, not stat-ed: TensorFlow's gs:// client caches a stat for a few seconds.
+    assert sorted(name.rstrip("/") for name in files.listdir(destination)) == ["3", "4", serving_dir.CLAIMS_DIR]
+    assert serving_dir.versions(destination) == [4]
+    assert serving_dir.publish(artifacts.serving_model_path(model), destination) == 5  # 1 and 2 stay taken
 
 
 def test_a_model_that_is_not_blessed_is_not_pushed(tmp_path):

@@ -8,7 +8,8 @@ A version appears whole or not at all. In a local folder, the model is copied in
 versions, then renamed to its number; a rename onto a number another pusher took first fails, so two pushers
 finishing together take the next free numbers in turn. On gs:// and s3://, which have no rename, a pusher first claims
 its number with a create-only object `_claims/<version>` (one claimant wins, on any host), then uploads the version
-with `saved_model.pb` last: a version counts, for hpml and for TF Serving's loader, once that file is there.
+with `saved_model.pb` last: a version counts, for hpml and for TF Serving's loader, once that file is there. The
+folder of a pusher that died mid-upload is removed by a later push; its number stays taken.
 
 A model is pushed once: a pusher retried after it published (its task lost, or cleared and run again) finds its
 model already in service, by the SavedModel's own fingerprint, and takes that version instead of a new one.
@@ -17,14 +18,18 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import shutil
 import socket
+import time
 import uuid
 
 from hpml.components import files
 from hpml.components.errors import SpecError
+
+log = logging.getLogger(__name__)
 
 RETIRED_DIR = "_retired"
 CLAIMS_DIR = "_claims"  # on an object store: one create-only object per version number taken
@@ -33,6 +38,8 @@ FINGERPRINT_FILE = "fingerprint.pb"  # TF writes it into every SavedModel: hashe
 _VERSION_RE = re.compile(r"^[1-9][0-9]*$")
 _TMP_PREFIX = ".tmp-push-"
 _MAX_CLAIMS = 1000  # versions another pusher may take while this one retries
+# An upload on another host still unfinished after this long is taken as abandoned (its pusher died).
+ABANDONED_AFTER_S = 6 * 3600
 
 
 def _numbers(folder: str) -> list[int]:
@@ -140,8 +147,9 @@ def _publish_to_store(model_dir: str, destination: str) -> int:
     """Claim the next number no pusher has claimed, then upload the version there with its saved_model.pb last.
     A pusher killed mid-upload leaves a numbered folder without saved_model.pb: never a version, its number
     never given again."""
+    _remove_abandoned_uploads(destination)
     claims = os.path.join(destination, CLAIMS_DIR)
-    claim = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "model": model_dir})
+    claim = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "model": model_dir, "started": time.time()})
     for _ in range(_MAX_CLAIMS):
         taken = [*_numbers(destination), *retired(destination), *_numbers(claims)]
         version = max([0, *taken]) + 1
@@ -151,6 +159,27 @@ def _publish_to_store(model_dir: str, destination: str) -> int:
         raise SpecError(f"{destination}: no free version number after {_MAX_CLAIMS} tries")
     files.copy_tree(model_dir, version_path(destination, version), last=(SAVED_MODEL_FILE,))
     return version
+
+
+def _remove_abandoned_uploads(destination: str) -> None:
+    """Remove the numbered folders on an object store that never got their saved_model.pb and whose pusher is gone:
+    on this host, its process has ended; on another, it started over ABANDONED_AFTER_S ago. Their numbers stay
+    claimed, so none is given again."""
+    for number in _numbers(destination):
+        folder = version_path(destination, number)
+        if files.isfile(os.path.join(folder, SAVED_MODEL_FILE)):
+            continue
+        try:
+            claim = json.loads(files.read_text(os.path.join(destination, CLAIMS_DIR, str(number))))
+        except (FileNotFoundError, ValueError):  # not a pusher's folder: leave it
+            continue
+        pid, started = claim.get("pid"), claim.get("started")
+        ended_here = claim.get("host") == socket.gethostname() and isinstance(pid, int) and not _alive(pid)
+        too_old = isinstance(started, (int, float)) and time.time() - started > ABANDONED_AFTER_S
+        if ended_here or too_old:
+            log.info("removing %s: its pusher (%s, pid %s) stopped before the upload finished", folder,
+                     claim.get("host"), pid)
+            files.rmtree(folder)
 
 
 def retire_above(destination: str, version: int) -> list[int]:
