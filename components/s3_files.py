@@ -17,6 +17,7 @@ import re
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import IO
 
 from hpml.components.errors import SpecError
 
@@ -211,7 +212,7 @@ def glob(pattern: str) -> list[str]:
     """The objects and folders whose URL matches `pattern`, sorted."""
     bucket, key = split(pattern)
     fixed = re.split(r"[*?\[]", key, maxsplit=1)[0]
-    matcher, found = _pattern(key), set()
+    matcher, found = _pattern(key), set[str]()
     with _explained(pattern):
         for entry in _keys(bucket, fixed[:fixed.rfind("/") + 1]):
             parts = entry["Key"].rstrip("/").split("/")
@@ -312,7 +313,7 @@ class _Body(io.RawIOBase):
         super().close()
 
 
-def open_stream(url: str) -> io.BufferedIOBase:
+def open_stream(url: str) -> io.BufferedReader:
     """A buffered binary reader that streams the object (nothing is downloaded first)."""
     return io.BufferedReader(_Body(url), buffer_size=1 << 20)
 
@@ -342,7 +343,7 @@ class _Upload(io.RawIOBase):
             super().close()
 
 
-def open_writer(url: str, text: bool) -> io.IOBase:
+def open_writer(url: str, text: bool) -> IO:
     raw = io.BufferedWriter(_Upload(url))
     return io.TextIOWrapper(raw, encoding="utf-8") if text else raw
 

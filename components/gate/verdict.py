@@ -12,7 +12,8 @@ def check_metric(metric: str, candidate: float, champion: float | None, threshol
     """One metric's line: the values compared, whether the candidate passed, and why in words."""
     higher = HIGHER_IS_BETTER[metric]
     at_least, word = (">=", "at least") if higher else ("<=", "at most")
-    problems, passes = [], []
+    problems: list[str] = []
+    passes: list[str] = []
     if threshold is not None:
         ok = candidate >= threshold if higher else candidate <= threshold
         (passes if ok else problems).append(f"threshold {threshold:.4g}")

@@ -19,14 +19,14 @@ log = logging.getLogger(__name__)
 def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
     blessing = read_blessing(inputs["model_blessing"])
     destination = files.absolute(params["destination"])
+    result: dict[str, Any]
     if blessing["blessed"]:
         model = artifacts.serving_model_path(inputs["model"])
-        version = serving_dir.holding(model, destination)
-        already = version is not None  # an earlier attempt of this push published it
-        if already:
-            log.info("Pusher: this model is already version %d at %s; it is not pushed again", version, destination)
-        else:
-            version = serving_dir.publish(model, destination)
+        held = serving_dir.holding(model, destination)
+        already = held is not None  # an earlier attempt of this push published it
+        if held is not None:
+            log.info("Pusher: this model is already version %d at %s; it is not pushed again", held, destination)
+        version = held if held is not None else serving_dir.publish(model, destination)
         result = {"pushed": True, "destination": destination, "version": version, "already_pushed": already,
                   "path": serving_dir.version_path(destination, version)}
         if not already:

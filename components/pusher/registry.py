@@ -43,7 +43,7 @@ def register(tracking_uri: str, name: str, destination: str, version: int, run_i
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     own_run = not run_id
-    if own_run:
+    if not run_id:
         experiment = client.get_experiment_by_name(name)
         run_id = client.create_run(experiment.experiment_id if experiment else client.create_experiment(name),
                                    run_name=f"push {version}").info.run_id
