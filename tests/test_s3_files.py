@@ -159,6 +159,16 @@ def test_wrong_or_denied_credentials_are_named_with_what_to_check(checking_s3, m
         files.write_text(denied, "no")
     assert "permissions" in err.value.hint
 
+    # The Pusher's check of its destination, before any training: a prefix these credentials may not write.
+    from hpml.components.pusher import serving_dir
+
+    problem = serving_dir.check_writable(f"{checking_s3.root}/elsewhere/serving")
+    assert problem and problem.startswith(f"{checking_s3.root}/elsewhere/serving: cannot be written") and \
+        "AccessDenied" in problem, problem
+    assert serving_dir.check_writable(f"{checking_s3.root}/{ALLOWED_PREFIX}serving") is None
+    assert [path for path, _ in files.walk_files(f"{checking_s3.root}/{ALLOWED_PREFIX}")] == ["a.txt"], \
+        "the check's object is removed"
+
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     s3_files.forget_clients()
     with pytest.raises(SpecError, match="SignatureDoesNotMatch") as err:

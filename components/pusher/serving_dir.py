@@ -37,6 +37,7 @@ SAVED_MODEL_FILE = "saved_model.pb"
 FINGERPRINT_FILE = "fingerprint.pb"  # TF writes it into every SavedModel: hashes of its graph and its variables
 _VERSION_RE = re.compile(r"^[1-9][0-9]*$")
 _TMP_PREFIX = ".tmp-push-"
+_PROBE_PREFIX = ".hpml-write-check-"  # on an object store: the object that shows the destination can be written
 _MAX_CLAIMS = 1000  # versions another pusher may take while this one retries
 # An upload on another host still unfinished after this long is taken as abandoned (its pusher died).
 ABANDONED_AFTER_S = 6 * 3600
@@ -102,7 +103,19 @@ def check_writable(destination: str) -> str | None:
             found = files.exists(bucket)
         except Exception as err:  # noqa: BLE001 - any client failure is a destination that cannot be reached
             return f"{destination}: bucket {bucket} cannot be reached ({err})"
-        return None if found else f"{destination}: bucket {bucket} does not exist or cannot be listed"
+        if not found:
+            return f"{destination}: bucket {bucket} does not exist or cannot be listed"
+        # Only a write shows that these credentials may write there (a policy may allow some prefixes alone).
+        probe = os.path.join(destination, f"{_PROBE_PREFIX}{uuid.uuid4().hex[:12]}")
+        try:
+            files.write_text(probe, "")
+        except Exception as err:  # noqa: BLE001 - whatever the store says, the destination cannot be written
+            return f"{destination}: cannot be written ({err})"
+        try:
+            files.remove(probe)
+        except Exception as err:  # noqa: BLE001 - written but not removable: the push itself can still work
+            log.warning("%s: the write check's object %s could not be removed (%s)", destination, probe, err)
+        return None
     path = os.path.abspath(destination)
     while not os.path.exists(path):
         path = os.path.dirname(path)
