@@ -291,7 +291,7 @@ class ClusterAirflow:
             "HPML_SCHEDULE": "none",
             # A task whose worker host died is noticed in 20 s (Airflow's default: 300) and tried again once.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
             "HPML_TASK_RETRIES": "1", "HPML_TASK_RETRY_DELAY_S": "1",
             "HPML_ARTIFACT_ROOT": f"{self.store.root}/airflow",
             "HPML_DATA_ROOTS": f"/tmp:{self.store.root}",

@@ -15,7 +15,7 @@ from tests.helpers import assert_same_weights, served_weights, store_env
 RUN_TIMEOUT_S = 900
 # The fault-free penguin run and the one that loses hosts: two workers train in the Trainer's task, long enough that
 # its host can die mid-training with backups on the store.
-PENGUIN_CONF = {"epochs": 7, "batch_size": 8, "num_workers": 2, "strategy": "multi_worker_mirrored",
+PENGUIN_CONF = {"epochs": 6, "batch_size": 8, "num_workers": 2, "strategy": "multi_worker_mirrored",
                 "steps_per_execution": 1}
 STEPS_PER_EPOCH = 28  # penguin's 217 training rows in batches of 8
 

@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import REPO, assert_same_weights, served_weights, store_env
 
 LOGS = REPO / "test-artifacts" / "hosts"  # each Trainer task's log, to read after a run
-EPOCHS, BATCH, STEPS_PER_EPOCH = 6, 16, 14  # penguin's 217 training rows in batches of 16
+EPOCHS, BATCH, STEPS_PER_EPOCH = 5, 16, 14  # penguin's 217 training rows in batches of 16
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 TRAIN = """
 import json, logging, sys
