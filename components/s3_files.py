@@ -15,6 +15,7 @@ import io
 import os
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import IO
@@ -44,21 +45,25 @@ def split(url: str) -> tuple[str, str]:
 
 
 _CLIENTS: dict[int, object] = {}
+_CLIENTS_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=lambda: globals().update(_CLIENTS_LOCK=threading.Lock()))
 
 
 def client():
-    """One boto3 S3 client per process (a client is thread-safe; a forked child makes its own)."""
-    if os.getpid() not in _CLIENTS:
-        import boto3
-        from botocore.config import Config
+    """One boto3 S3 client per process (a client is thread-safe; a forked child makes its own). Made under a lock:
+    the first call may come from several copying threads at once, and boto3 makes clients unsafely in parallel."""
+    with _CLIENTS_LOCK:
+        if os.getpid() not in _CLIENTS:
+            import boto3
+            from botocore.config import Config
 
-        retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard")}
-        if "AWS_MAX_ATTEMPTS" not in os.environ:
-            retries["total_max_attempts"] = MAX_ATTEMPTS
-        config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S, retries=retries,
-                        max_pool_connections=32)
-        _CLIENTS[os.getpid()] = boto3.session.Session().client("s3", config=config)
-    return _CLIENTS[os.getpid()]
+            retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard")}
+            if "AWS_MAX_ATTEMPTS" not in os.environ:
+                retries["total_max_attempts"] = MAX_ATTEMPTS
+            config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S, retries=retries,
+                            max_pool_connections=32)
+            _CLIENTS[os.getpid()] = boto3.session.Session().client("s3", config=config)
+        return _CLIENTS[os.getpid()]
 
 
 def forget_clients() -> None:

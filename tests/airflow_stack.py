@@ -159,6 +159,20 @@ class AirflowStack:
         return [" ".join(str(part) for part in (event.get("logger", ""), event.get("event", "")) if part)
                 for event in content]
 
+    def why_failed(self, dag_id: str, run_id: str, lines: int = 40) -> str:
+        """The states of a run's tasks and the end of each failed try's log, for an assertion message."""
+        found = self.api(f"dags/{dag_id}/dagRuns/{quote_run_id(run_id)}/taskInstances")["task_instances"]
+        parts = [f"{run_id}: " + str({t["task_id"]: t["state"] for t in found})]
+        for task in found:
+            if task["state"] in ("failed", "up_for_retry"):
+                try:
+                    tail = self.task_log(dag_id, run_id, task["task_id"], task["try_number"])[-lines:]
+                except Exception as err:  # noqa: BLE001 - the message must still be made
+                    tail = [f"(log not read: {err!r})"]
+                parts.append(f"--- {task['task_id']} try {task['try_number']} ({task['state']}) ---\n"
+                             + "\n".join(tail))
+        return "\n".join(parts)
+
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float) -> dict:
         """Until the run succeeded or failed; returns it."""
         deadline = time.monotonic() + timeout

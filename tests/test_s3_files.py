@@ -303,3 +303,21 @@ def test_a_folder_goes_to_and_from_the_store_several_files_at_a_time(s3, tmp_pat
         s3_files.forget_clients()
     assert uploads >= 4 and downloads >= 4, (uploads, downloads)
     assert _tree(copy) == _tree(local)
+
+
+def test_copying_threads_that_start_at_once_share_one_client(s3):
+    """A folder copy's threads make their first request together: they must share the process's one client (its
+    connection pool and retry budget), not race to make one each."""
+    s3_files.forget_clients()
+    start, made = threading.Barrier(8), []
+
+    def first_request():
+        start.wait()
+        made.append(s3_files.client())
+
+    threads = [threading.Thread(target=first_request) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(made) == 8 and len({id(client) for client in made}) == 1, {id(client) for client in made}

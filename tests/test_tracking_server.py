@@ -97,7 +97,7 @@ def test_two_dag_runs_at_once_on_airflow_with_postgres_and_the_local_executor(po
                    for seed in (11, 12)]
         finished = [stack.wait_for_run("penguin", run_id, timeout=900) for run_id in run_ids]
         assert [run["state"] for run in finished] == ["success", "success"], \
-            [stack.task_states("penguin", run_id) for run_id in run_ids]
+            "\n".join(stack.why_failed("penguin", run_id) for run_id in run_ids)
         # The Report view's endpoints read the record from the tracking server and the report from s3://.
         token = stack.token()
         for run_id in run_ids:
