@@ -4,8 +4,8 @@ A reference is one of:
 - a name registered in the `hpml.pipelines` entry-point group (installed packages, the bundled examples);
 - `package.module:ATTRIBUTE`, an importable module and the Pipeline in it;
 - `path/to/pipeline.py` or `path/to/pipeline.py:ATTRIBUTE`, a file loaded by path;
-- a project folder that `hpml init` wrote (`NAME/pipeline.py`), in the current directory or in one of the
-  folders `HPML_PIPELINES_PATH` lists.
+- a project folder that `hpml init` wrote (`NAME/pipeline.py`): by its name, in the current directory or in one of
+  the folders `HPML_PIPELINES_PATH` lists; or by its path (`path/to/NAME`, optionally `:ATTRIBUTE`).
 
 ATTRIBUTE defaults to `PIPELINE`. Only the definition is imported: it loads without TensorFlow.
 """
@@ -47,6 +47,12 @@ def project_pipeline_file(name: str) -> Path | None:
     return None
 
 
+def _folder_pipeline_file(path: str) -> Path | None:
+    """`path/pipeline.py` where `path` is a folder given by its path (`hpml init --dir` wrote it elsewhere)."""
+    candidate = Path(path).expanduser() / PIPELINE_FILE
+    return candidate.resolve() if os.sep in path and candidate.is_file() else None
+
+
 def load(reference: str) -> Pipeline:
     """The Pipeline that `reference` names; a SpecError listing what is known when nothing matches."""
     return resolve(reference)[0]
@@ -62,9 +68,9 @@ def resolve(reference: str) -> tuple[Pipeline, str]:
     attribute = attribute or DEFAULT_ATTRIBUTE
     if path_part.endswith(".py"):
         return _from_file(Path(path_part).expanduser().resolve(), attribute)
-    project_file = project_pipeline_file(reference)
+    project_file = project_pipeline_file(reference) or _folder_pipeline_file(path_part)
     if project_file is not None:
-        return _from_file(project_file, DEFAULT_ATTRIBUTE)
+        return _from_file(project_file, attribute)
     if ":" in reference:
         try:
             module = importlib.import_module(path_part)

@@ -262,6 +262,25 @@ def test_a_generated_regression_pipeline_runs_locally_and_its_dag_file_loads(tmp
     assert dag.params["data_path"] == str(Path(data).resolve()) and dag.params["gate_min_r2"] == 0.0
 
 
+def test_a_project_folder_is_found_by_its_path_from_anywhere(tmp_path, monkeypatch):
+    """`hpml init --dir` writes the folder elsewhere; `hpml run path/to/NAME` then finds it, as the help says."""
+    from hpml.pipelines import discovery
+
+    data = _species_csv(tmp_path / "species.csv")
+    done = _hpml("init", "species", "--csv", data, "--label", "kind", "--dir", str(tmp_path / "projects"),
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    absolute, reference = discovery.resolve(str(tmp_path / "projects" / "species"))
+    relative, _ = discovery.resolve(os.path.join("..", "projects", "species") + ":PIPELINE")
+    assert absolute.name == relative.name == "species"
+    assert reference == f"{tmp_path / 'projects' / 'species' / 'pipeline.py'}:PIPELINE"  # what its DAG file names
+    with pytest.raises(SpecError, match="unknown pipeline"):
+        discovery.resolve(str(elsewhere))  # a folder without pipeline.py
+
+
 def test_an_unknown_pipeline_names_the_ways_to_find_one(tmp_path):
     done = _hpml("run", "nosuch", cwd=tmp_path)
     assert done.returncode == 2
