@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 RECORD_KEY = "record"
 # Tags the run summary reads back.
@@ -47,7 +47,7 @@ class RunRecord:
                    dict(record.get("node_tags", {})))
 
 
-def history_series(history: list[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+def history_series(history: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     """Per-epoch rows ({"epoch": n, name: value, ...}) as series: every finite figure at its epoch."""
     series: dict[str, list[tuple[int, float]]] = {}
     for row in history:

@@ -30,6 +30,8 @@ def load_file(path: str, what: str = "user module"):
     mod_name = f"{FILE_MODULE_PREFIX}{stem}_{digest}"
     if mod_name not in sys.modules:
         spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise SpecError(f"{what} {path} is not a Python source file", hint="name a .py file")
         loaded = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = loaded
         try:

@@ -67,6 +67,7 @@ def cmd_run(args) -> int:
     if args.verbose or args.debug:
         os.environ[VERBOSE_ENV] = "1"  # the Trainer's worker processes inherit it
     start_tensorflow(verbose=args.verbose or args.debug)
+    mlflow_run_id: str | None
     if args.engine == "local":
         from hpml.pipelines import runner
 

@@ -52,7 +52,7 @@ class Pipeline:
     # Run after the schema on the validated values, in order: each may return updates or raise SpecError.
     param_checks: tuple[Callable[[Mapping[str, Any]], Any], ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
             raise SpecError(f"pipeline name {self.name!r} is invalid",
                             hint="use letters, digits, '_' and '-', starting with a letter or digit (it is the "

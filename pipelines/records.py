@@ -153,8 +153,9 @@ def mark_failed(mlflow_run_id: str, node_id: str, error: BaseException, metric_p
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__  # KeyboardInterrupt()
     mlflow_client.set_tag(mlflow_run_id, "hpml.error", text[:5000])
     mlflow_client.set_tag(mlflow_run_id, f"{HOST_TAG}{node_id}", socket.getfqdn())
-    if getattr(error, "hint", None):
-        mlflow_client.set_tag(mlflow_run_id, "hpml.error_hint", str(error.hint)[:5000])
+    hint = getattr(error, "hint", None)
+    if hint:
+        mlflow_client.set_tag(mlflow_run_id, "hpml.error_hint", str(hint)[:5000])
     history = getattr(error, "partial_history", None) or []
     if history:
         mlflow_client.log_batch(mlflow_run_id, metrics=_history_metrics(history, int(time.time() * 1000),

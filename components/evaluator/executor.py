@@ -116,7 +116,8 @@ def _gap(rows: dict[str, dict], names: Mapping[str, str]) -> dict | None:
 
 def _ensemble_row(name: str, members: list[_Scored], member_rows: list[dict | None], labels) -> dict:
     """Average the members' probabilities; sizes, parameters and latencies add up."""
-    if any(row is None for row in member_rows):
+    rows = [row for row in member_rows if row is not None]
+    if len(rows) < len(member_rows):
         raise SpecError(f"Evaluator: ensemble {name!r} must list its members in model order")
     averaged = np.mean([m.probabilities for m in members], axis=0)
     columns: dict[int, str] = {}
@@ -133,7 +134,7 @@ def _ensemble_row(name: str, members: list[_Scored], member_rows: list[dict | No
                         f"their SavedModels carry a {artifacts.CLASS_NAMES_SIGNATURE!r} signature")
     predicted = np.array([columns[int(i)] for i in averaged.argmax(axis=1)])
     return {"name": name, "accuracy": float(np.mean(predicted == labels)),
-            **{k: sum(row[k] for row in member_rows) for k in ("params", "size_bytes", "latency_us")}}
+            **{k: sum(row[k] for row in rows) for k in ("params", "size_bytes", "latency_us")}}
 
 
 def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:

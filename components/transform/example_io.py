@@ -39,18 +39,19 @@ class _DecodeFile(beam.DoFn):
     def process(self, path: str) -> Iterator[pa.RecordBatch]:
         import tensorflow as tf
 
-        done, records = 0, ()
+        done, in_batch = 0, 0
         progress = Progress(f"{path}: read", "records", component="Transform", logger=log)
         try:
             for records in tfrecords.read_batches(path, self._records):
+                in_batch = len(records)
                 yield self._decoder.DecodeBatch(records.tolist())
-                done += len(records)
+                done += in_batch
                 progress(done)
         except tf.errors.DataLossError as err:
             raise InputDataError(f"{path}: corrupted TFRecord after about {done} records "
                                  f"({op_error_message(err)})", hint="run the component that wrote it again") from None
         except RuntimeError as err:  # the C++ decoder: not a tf.Example, or a feature of another kind than the schema's
-            raise InputDataError(f"{path}: records {done + 1} to {done + len(records)}: {err}",
+            raise InputDataError(f"{path}: records {done + 1} to {done + in_batch}: {err}",
                                  hint="the examples do not match the schema; run ExampleGen again") from None
 
 
@@ -69,7 +70,7 @@ class _WriteBundle(beam.DoFn):
 
     def __init__(self, temp_dir: str):
         self._temp_dir = temp_dir
-        self._writer = None
+        self._writer: tfrecords.Writer | None = None
 
     def _abandon(self) -> None:
         """Stops the writer of a bundle that failed (its file is never published), so its thread does not linger."""

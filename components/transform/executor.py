@@ -165,7 +165,7 @@ def _write_json(value, path: str) -> None:
 def _constant_features(ranges: Mapping[str, Mapping[str, list]], splits) -> list[str]:
     """The numeric features that hold one value in every example of `splits` that has them: the model can
     learn nothing from them."""
-    merged = {}
+    merged: dict[str, list] = {}
     for split in splits:
         for name, found in ranges.get(split, {}).items():
             merged[name] = _merge_range(merged.get(name), found)

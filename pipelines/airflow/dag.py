@@ -7,7 +7,9 @@ between tasks as XCom; `finish_run` closes the record. Tasks never touch Airflow
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import datetime, timedelta, UTC
+from typing import Any
 
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowFailException
@@ -19,7 +21,7 @@ from hpml.pipelines import runner
 from hpml.pipelines.dsl import Pipeline
 
 
-def airflow_params(schema: dict) -> dict[str, Param]:
+def airflow_params(schema: Mapping[str, Any]) -> dict[str, Param]:
     """Airflow Params from the pipeline's JSON schema: the UI builds its trigger form from these."""
     out = {}
     for name, prop in schema["properties"].items():
@@ -91,7 +93,7 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
             return _start_run(pipeline, dict(params), dag_run)
 
         started = start_run()
-        results = {}
+        results: dict[str, Any] = {}  # node id -> its task's XComArg
         for node in pipeline.nodes:
             produces_model = "model" in node.component.outputs
 
@@ -99,14 +101,15 @@ def build_dag(pipeline: Pipeline, schedule: str | None = "@daily") -> DAG:
             def run_node(context: dict, upstream: dict, node_id: str = node.id, outlet_events=None):
                 return _run_node(pipeline, node_id, context, upstream, outlet_events, asset)
 
-            results[node.id] = run_node(started, {src: results[src] for src in node.upstream})
+            # TaskFlow: a task is called with XComArgs where its function takes their values
+            results[node.id] = run_node(started, {src: results[src] for src in node.upstream})  # type: ignore[arg-type]
 
         @task(task_id="finish_run")
         def finish_run(context: dict, _outputs: list):
             runner.finish(runner.RunContext(**context))
             return context["mlflow_run_id"]
 
-        finish_run(started, list(results.values()))
+        finish_run(started, list(results.values()))  # type: ignore[arg-type]
     return dag
 
 

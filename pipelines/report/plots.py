@@ -8,7 +8,7 @@ import shutil
 from hpml.components import files
 
 # Plot file -> (title, panels of series names); the title's {metric} is the run's accuracy-like metric.
-CURVE_GROUPS = {
+CURVE_GROUPS: dict[str, tuple[str, list[tuple[str, ...]]]] = {
     "curves.png": ("Loss and {metric} per epoch",
                    [("loss", "val_loss"), ("accuracy", "val_accuracy", "mae", "val_mae")]),
     "throughput.png": ("Throughput and step time per epoch", [("examples_per_sec",), ("step_time_ms",)]),
