@@ -59,7 +59,12 @@ def _name(url: str, etag: str) -> str:
 
 
 def _tree_size(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):  # removed by another process meanwhile
+                total += os.path.getsize(os.path.join(folder, name))
+    return total
 
 
 def _remove(path: str) -> None:
@@ -72,16 +77,21 @@ def _remove(path: str) -> None:
 
 def _entries(where: str) -> list[tuple[float, int, str]]:
     """(last used, size, path) of the whole copies (files and folders), least recently used first. Partial
-    downloads an hour old were left by a killed process: they are removed."""
+    downloads an hour old were left by a killed process: they are removed. Other processes share the folder: an
+    entry they removed or renamed since the listing is passed over."""
     found, stale = [], time.time() - 3600
     with os.scandir(where) as entries:
         for entry in entries:
-            info = entry.stat()
-            if _PARTIAL not in entry.name:
+            try:
+                info = entry.stat()
+                if _PARTIAL in entry.name:
+                    if info.st_mtime < stale:
+                        _remove(entry.path)
+                    continue
                 found.append((info.st_mtime, _tree_size(entry.path) if entry.is_dir() else info.st_size,
                               entry.path))
-            elif info.st_mtime < stale:
-                _remove(entry.path)
+            except FileNotFoundError:
+                continue
     return sorted(found)
 
 
@@ -108,7 +118,7 @@ def local_file(url: str) -> str:
     for _ in range(3):  # an object replaced during its download is downloaded again
         info = s3_files.stat(url)
         path = os.path.join(where, _name(url, info["etag"]))
-        if os.path.exists(path):
+        with contextlib.suppress(FileNotFoundError):  # not there, or just removed by another process
             os.utime(path)  # recently used: the last to be removed
             return path
         _make_room(where, info["size"], budget(where), keep=path)
@@ -134,8 +144,9 @@ def local_tree(url: str) -> str:
         raise FileNotFoundError(url)
     path = os.path.join(where, _name(url, json.dumps(listing, sort_keys=True)))
     if os.path.isdir(path):
-        os.utime(path)
-        return path
+        with contextlib.suppress(FileNotFoundError):  # just removed by another process: downloaded again
+            os.utime(path)
+            return path
     _make_room(where, sum(size for size, _ in listing.values()), budget(where), keep=path)
     partial = f"{path}{_PARTIAL}{uuid.uuid4().hex[:12]}"
     try:

@@ -1,4 +1,5 @@
 """Data on s3:// (moto's S3 server on loopback): ExampleGen reads CSV there as it reads it from local disk."""
+import contextlib
 import gzip
 import os
 
@@ -151,3 +152,41 @@ def test_a_beam_runner_on_other_machines_is_refused_for_artifacts_on_s3(s3, tmp_
                                   "beam_pipeline_args": ["--direct_running_mode=multi_processing",
                                                          "--direct_num_workers=2"]})  # this machine's processes
     assert files.isfile(f"{outputs['examples']}/{artifacts.PUBLISHED_FILE}")
+
+
+def test_readers_that_evict_each_others_copies_at_once_all_get_whole_files(s3, tmp_path, monkeypatch):
+    """Several readers (tasks on one machine share the cache) filling a cache too small for them all: each removes
+    the others' least recently used copies while they list and download. None fails on a copy that another removed
+    under it, and each gets its object's bytes."""
+    import threading
+
+    from hpml.components import s3_cache
+
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HPML_CACHE_BYTES", str(4000))
+    root = f"{s3.root}/{tmp_path.name}"
+    names = [f"{reader}-{i}" for reader in range(6) for i in range(12)]
+    for name in names:
+        s3_files.write_bytes(f"{root}/{name}.bin", name.encode().ljust(1000, b"."))
+    start, errors = threading.Barrier(6), []
+
+    def reader(index: int):
+        start.wait()
+        try:
+            for i in range(12):
+                name = f"{index}-{i}"
+                path = s3_cache.local_file(f"{root}/{name}.bin")
+                with contextlib.suppress(FileNotFoundError):  # removed by another reader since: a reader that
+                    with open(path, "rb") as handle:         # opened it first keeps reading it
+                        assert handle.read() == name.encode().ljust(1000, b".")
+        except Exception as err:  # noqa: BLE001 - every reader's failure is reported
+            errors.append(f"reader {index}: {err!r}")
+
+    threads = [threading.Thread(target=reader, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    kept = os.listdir(tmp_path / "cache" / "s3")
+    assert sum(os.path.getsize(tmp_path / "cache" / "s3" / name) for name in kept) <= 4000 + 6 * 1000, kept
