@@ -97,6 +97,23 @@ def test_the_penguin_dag_and_an_hpml_init_dag_run_their_tasks_on_celery_workers_
     assert status == 200 and f"penguin run {runs['penguin']}".encode() in body
 
 
+def _run_state(airflow, dag_id: str, run_id: str) -> str:
+    """Where a run stands, for an assertion message: its state, each task's state, try and host, and the end of
+    each failed try's log."""
+    quoted = urllib.parse.quote(run_id, safe="")
+    run = airflow.api(f"dags/{dag_id}/dagRuns/{quoted}")
+    tasks = airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances")["task_instances"]
+    lines = [f"run {run_id}: {run['state']}"]
+    lines += [f"  {t['task_id']}: {t['state']}, try {t['try_number']} on {t['hostname']}" for t in tasks]
+    for task in tasks:
+        if task["state"] in ("failed", "up_for_retry"):
+            content = airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task['task_id']}/logs/"
+                                  f"{task['try_number']}?full_content=true")["content"]
+            events = content.splitlines() if isinstance(content, str) else [str(e.get("event", "")) for e in content]
+            lines += [f"--- {task['task_id']} try {task['try_number']}:", *events[-30:]]
+    return "\n".join(lines)
+
+
 def _task(airflow, dag_id: str, run_id: str, task_id: str) -> dict:
     quoted = urllib.parse.quote(run_id, safe="")
     return airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}")
@@ -138,7 +155,10 @@ def test_a_cut_off_transform_host_a_dead_trainer_host_and_a_redis_restart_cost_r
 
     epoch = 0
     while epoch < 3:  # backups are written at each epoch's end: two are on the store
-        assert time.monotonic() < deadline, "the Trainer never got to its third epoch"
+        ended = airflow.api(f"dags/penguin/dagRuns/{quoted}")["state"] in ("success", "failed") or \
+            _task(airflow, "penguin", run_id, "Trainer")["state"] in ("success", "failed")
+        assert time.monotonic() < deadline and not ended, \
+            "the Trainer never got to its third epoch:\n" + _run_state(airflow, "penguin", run_id)
         status, body = airflow.get(f"/hpml/runs/penguin/{quoted}/status.json")
         training = json.loads(body).get("training", {}).get("Trainer") if status == 200 else None
         epoch = (training or {}).get("epoch", 0)
