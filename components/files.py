@@ -44,12 +44,17 @@ def open_file(path: str, mode: str = "r") -> IO:
             return stream if "b" in mode else io.TextIOWrapper(stream, encoding="utf-8")
         return s3_files.open_writer(path, text="b" not in mode)
     if is_url(path):
+        if "r" in mode:
+            stream = open_stream(path)
+            return stream if "b" in mode else io.TextIOWrapper(stream, encoding="utf-8")
         return _gfile().GFile(path, mode)
     return open(path, mode, encoding=None if "b" in mode else "utf-8")
 
 
 class _GFileReader(io.RawIOBase):
-    """TF's GFile as a raw stream, so that io.BufferedReader, io.TextIOWrapper and gzip can read from it."""
+    """TF's GFile as a raw stream, so that io.BufferedReader, io.TextIOWrapper and gzip can read from it. It reads
+    in pieces until the store says the file ended: GFile's own `read()` reads as many bytes as its cached size says,
+    which TF keeps up to 5 s, so a file another process rewrote longer in that time came back cut short."""
 
     def __init__(self, gfile):
         self._gfile = gfile
@@ -113,8 +118,8 @@ def read_text(path: str) -> str:
     import tensorflow as tf
 
     try:
-        with _gfile().GFile(path, "r") as handle:
-            return handle.read()
+        with open_stream(path) as handle:
+            return handle.read().decode("utf-8")
     except tf.errors.NotFoundError:
         raise FileNotFoundError(path) from None
     except tf.errors.OpError as err:  # e.g. the object was replaced while it was read

@@ -143,7 +143,9 @@ def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model
                     progress = read_progress(progress_dir(work)) or {}
                 except Exception as err:  # noqa: BLE001 - replaced as it is read, or the store slow: read again
                     progress, seen["error"] = {}, f"{type(err).__name__}: {err}"[:300]
-                seen.update(step=progress.get("step"), reads=seen.get("reads", 0) + 1, keys=sorted(progress))
+                seen["reads"] = seen.get("reads", 0) + 1
+                if progress.get("step") is not None and progress["step"] not in seen.setdefault("steps", []):
+                    seen["steps"].append(progress["step"])
                 # Past the first epoch (a backup every 5 steps), well before the end.
                 if STEPS_PER_EPOCH < progress.get("step", 0) < TOTAL_STEPS - 2 * STEPS_PER_EPOCH:
                     killed.update(step=progress["step"], processes=worker2.kill())

@@ -61,6 +61,22 @@ def test_the_test_store_keeps_nothing_it_deleted(gcs, tmp_path):
         assert json.loads(answer.read()).get("items", []) == []
 
 
+def test_a_file_another_process_rewrote_longer_is_read_whole(gcs, tmp_path):
+    """A live file (the Trainer's progress, a task's log) is rewritten by another host while this process reads it:
+    each read gets the whole new file, though TF still holds the old, shorter size for a few seconds."""
+    path = f"{gcs.root}/{tmp_path.name}/progress.json"
+    rewrite = "import sys, tensorflow as tf; tf.io.gfile.GFile(sys.argv[1], 'w').write(sys.argv[2])"
+    subprocess.run([sys.executable, "-c", rewrite, path, '{"step": 1}'], check=True, timeout=120)
+    assert json.loads(files.read_text(path)) == {"step": 1}  # TF now holds this size
+    longer = json.dumps({"step": 2, "loss_trace": [[1, 0.9], [2, 0.8]]})
+    subprocess.run([sys.executable, "-c", rewrite, path, longer], check=True, timeout=120)
+    assert files.read_text(path) == longer
+    with files.open_file(path) as text, files.open_file(path, "rb") as binary:
+        assert text.read() == longer and binary.read() == longer.encode()
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        files.read_text(f"{gcs.root}/{tmp_path.name}/missing.json")
+
+
 def test_a_retried_writer_replaces_the_earlier_attempt_whole(gcs, tmp_path):
     uri = f"{gcs.root}/{tmp_path.name}/out"
     with artifacts.publish(uri) as out:
