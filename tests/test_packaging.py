@@ -7,6 +7,7 @@ import glob
 import os
 import shutil
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 
@@ -21,11 +22,25 @@ def _uv() -> str:
     return found
 
 
+# The machines' egress proxy has, in some CI runs, presented a certificate that uv's TLS stack refuses ("invalid
+# peer certificate: CaUsedAsEndEntity"), and minutes later one it accepts: such a refusal is tried once more.
+TLS_REFUSED = "invalid peer certificate"
+TLS_RETRY_AFTER_S = 30
+
+
+def _run_uv(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """uv with `args`, output captured; a request the proxy's certificate broke is made again, once."""
+    done = subprocess.run([_uv(), *args], capture_output=True, text=True, **kwargs)
+    if done.returncode != 0 and TLS_REFUSED in done.stderr:
+        time.sleep(TLS_RETRY_AFTER_S)
+        done = subprocess.run([_uv(), *args], capture_output=True, text=True, **kwargs)
+    return done
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([_uv(), "build", "--wheel", "--out-dir", str(out), str(REPO)], capture_output=True,
-                          text=True, timeout=600)
+    done = _run_uv(["build", "--wheel", "--out-dir", str(out), str(REPO)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = glob.glob(str(out / "hpml-*.whl"))
     return Path(path)
@@ -50,9 +65,8 @@ def test_the_wheel_puts_only_hpml_at_the_top_of_site_packages(wheel):
 def _compile(requirements: list[str], python: str, platform: str, tmp_path: Path):
     source = tmp_path / "requirements.in"
     source.write_text("\n".join(requirements) + "\n")
-    return subprocess.run([_uv(), "pip", "compile", "--quiet", "--python-version", python, "--python-platform",
-                           platform, str(source), "-o", str(tmp_path / "resolved.txt")],
-                          capture_output=True, text=True, timeout=600)
+    return _run_uv(["pip", "compile", "--quiet", "--python-version", python, "--python-platform", platform,
+                    str(source), "-o", str(tmp_path / "resolved.txt")], timeout=600)
 
 
 def _pins(tmp_path: Path) -> dict[str, str]:
@@ -155,9 +169,8 @@ def test_the_wheel_installed_on_python_3_12_or_3_13_runs_the_penguin_pipeline(wh
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HPML_", "AIRFLOW", "VIRTUAL_ENV"))}
     subprocess.run([_uv(), "venv", "--quiet", "--python", python, str(venv)], check=True, env=env, timeout=300)
-    installed = subprocess.run([_uv(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-                                f"{wheel}[examples]", "-c", str(constraints)], capture_output=True, text=True,
-                               env=env, timeout=1200)
+    installed = _run_uv(["pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
+                         f"{wheel}[examples]", "-c", str(constraints)], env=env, timeout=1200)
     assert installed.returncode == 0, installed.stderr[-3000:]
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
