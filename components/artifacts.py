@@ -37,6 +37,9 @@ TFRECORD_GZ_SUFFIX = ".gz"
 SCHEMA_FILE = "schema.pbtxt"
 # At an artifact's root, beside its Split-* folders (which readers glob): {"shards": {"Split-x/name": bytes}}.
 SHARD_SIZES_FILE = "shard_sizes.json"
+# Beside it, from the component that wrote the examples: {split: examples}, so that a reader knows an epoch's
+# length without a pass over the data.
+SPLIT_EXAMPLES_FILE = "split_examples.json"
 # At the root of an artifact on an object store, written last: {"files": {relative path: bytes}}.
 PUBLISHED_FILE = "_hpml_published.json"
 # At the root of an artifact on an object store while it is written: {"attempt": id, "host": name, "pid": n}, the
@@ -177,6 +180,35 @@ def record_shard_sizes(artifact_dir: str) -> dict[str, int]:
     files.write_text(os.path.join(artifact_dir, SHARD_SIZES_FILE), json.dumps({"shards": sizes}, indent=1,
                                                                               sort_keys=True))
     return sizes
+
+
+def record_split_examples(artifact_dir: str, counts: dict[str, int]) -> None:
+    """Record how many examples each split of an artifact being published holds."""
+    files.write_text(os.path.join(artifact_dir, SPLIT_EXAMPLES_FILE), json.dumps(dict(sorted(counts.items()))))
+
+
+def recorded_examples(patterns: list[str]) -> int | None:
+    """The examples that file patterns cover, as their artifacts' writer recorded them, where each pattern is the
+    whole of one split (`Split-<name>/` and a wildcard name, as the Trainer's and TFX's file lists are); None
+    where one is not, or its artifact holds no record (TFX's own ExampleGen writes none)."""
+    total = 0
+    for pattern in patterns:
+        folder, name = os.path.split(pattern)
+        root, split_folder = os.path.split(folder)
+        if not split_folder.startswith("Split-") or "*" not in name or name.count("*") > 1:
+            return None
+        try:
+            counts = json.loads(files.read_text(os.path.join(root, SPLIT_EXAMPLES_FILE)))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            log.warning("ignoring the example count record of %s, which cannot be read: %s", root, err)
+            return None
+        count = counts.get(split_folder[len("Split-"):]) if isinstance(counts, dict) else None
+        if not isinstance(count, int):
+            return None
+        total += count
+    return total
 
 
 def _read_shard_sizes(record: str) -> dict[str, int]:

@@ -86,3 +86,35 @@ def test_a_batch_size_above_the_training_split_is_named_in_a_warning(tmp_path, c
                                 "60 examples; lower batch_size for more than one step per epoch"]
         else:
             assert warnings == [], batch_size
+
+
+def test_an_epoch_s_length_comes_from_the_examples_example_gen_and_transform_counted(penguin_outputs, tmp_path):
+    """ExampleGen and Transform record each split's examples: given a whole split's file pattern, epoch_size answers
+    from the record what a pass over the data counts, without the pass; a list of chosen shards, or examples with no
+    record (TFX's ExampleGen writes none), are counted."""
+    import glob
+    import shutil
+
+    from hpml.components import artifacts
+    from hpml.components.trainer.callbacks import epoch_size
+
+    for node, output, pattern_of in (("ExampleGen", "examples", artifacts.examples_file_pattern),
+                                     ("Transform", "transformed_examples",
+                                      artifacts.transformed_examples_file_pattern)):
+        uri = penguin_outputs[node][output]
+        patterns = [pattern_of(uri, split) for split in ("train", "eval")]
+        counted = {}
+        for pattern in patterns:
+            data = tf.data.TFRecordDataset(sorted(glob.glob(pattern)), compression_type="GZIP").batch(16)
+            counted[pattern] = epoch_size(data)
+            assert counted[pattern][1] > 50
+            # data.take(1) would count one batch: the answer comes from the record
+            assert epoch_size(data.take(1), [pattern], 16) == counted[pattern], (node, pattern)
+        both = sum(examples for _, examples in counted.values())
+        assert epoch_size(data.take(1), patterns, 16) == (-(-both // 16), both)
+        assert epoch_size(data.take(1), sorted(glob.glob(patterns[0])), 16) == (1, 16), "chosen shards: counted"
+
+    unrecorded = tmp_path / "examples"
+    shutil.copytree(penguin_outputs["ExampleGen"]["examples"], unrecorded)
+    (unrecorded / artifacts.SPLIT_EXAMPLES_FILE).unlink()
+    assert artifacts.recorded_examples([artifacts.examples_file_pattern(str(unrecorded), "train")]) is None

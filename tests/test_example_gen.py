@@ -38,7 +38,10 @@ def _read(pattern):
 def test_tfx_layout_split_and_schema(tmp_path):
     csv = write_csv(tmp_path / "data.csv", HEADER, _rows(300))
     props, out = _run(tmp_path, {"input_path": csv})
-    assert sorted(os.listdir(out["examples"])) == ["Split-eval", "Split-train", "shard_sizes.json"]
+    assert sorted(os.listdir(out["examples"])) == ["Split-eval", "Split-train", "shard_sizes.json",
+                                                   "split_examples.json"]
+    assert json.load(open(os.path.join(out["examples"], "split_examples.json"))) == props["split_counts"]
+    assert sum(props["split_counts"].values()) == 300
     recorded = json.load(open(os.path.join(out["examples"], "shard_sizes.json")))["shards"]
     for split in ("train", "eval"):
         files = os.listdir(os.path.join(out["examples"], f"Split-{split}"))

@@ -28,7 +28,7 @@ def test_transform_graph_layout(penguin_outputs):
 
 def test_transformed_examples_layout_and_statistics(penguin_outputs):
     examples = penguin_outputs["Transform"]["transformed_examples"]
-    assert sorted(os.listdir(examples)) == ["Split-eval", "Split-train", "shard_sizes.json"]
+    assert sorted(os.listdir(examples)) == ["Split-eval", "Split-train", "shard_sizes.json", "split_examples.json"]
     files = glob.glob(os.path.join(examples, "Split-train", "transformed_examples-*.gz"))
     assert len(files) == 1
     recorded = json.load(open(os.path.join(examples, "shard_sizes.json")))["shards"]
@@ -41,6 +41,7 @@ def test_transformed_examples_layout_and_statistics(penguin_outputs):
     assert abs(flipper.mean()) < 0.02 and abs(flipper.std() - 1) < 0.02
     labels = {int(r["species"].numpy()) for r in rows}
     assert labels == {0, 1, 2}
+    assert json.load(open(os.path.join(examples, "split_examples.json")))["train"] == len(rows)
 
 
 def test_input_pipeline_spec_reads_the_data_and_refuses_another_schema(penguin_outputs):

@@ -89,6 +89,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
         result = run_pipeline(pipeline)
 
         counts, bad_rows = _checked_counts(result, source, split_names)
+        artifacts.record_split_examples(examples_dir, counts)
         artifacts.record_shard_sizes(examples_dir)
     empty_columns = [f.name for f in schema_file.read_schema(artifacts.schema_path(outputs["schema"])).feature
                      if schema_file.is_empty_column(f)]

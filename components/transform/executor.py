@@ -221,9 +221,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                                                   for path in shards[split]),
                                  parallel_from=beam_utils.TRANSFORM_PARALLEL_BYTES)
         scratch = os.path.join(graph_dir, ".tft_tmp")
-        ranges = _analyze_and_transform(pipeline, shards, schema, tensor_adapter_config, preprocessing_fn,
-                                        params["analyze_splits"], graph_dir, examples_dir, scratch)
+        ranges, counts = _analyze_and_transform(pipeline, shards, schema, tensor_adapter_config, preprocessing_fn,
+                                                params["analyze_splits"], graph_dir, examples_dir, scratch)
         _remove_scratch(scratch)
+        artifacts.record_split_examples(examples_dir, {split: counts.get(split, 0) for split in splits})
         artifacts.record_shard_sizes(examples_dir)
         constant = _checked_ranges(ranges, list(params["analyze_splits"]), splits)
         transformed_schema = tft.TFTransformOutput(graph_dir).transformed_metadata.schema
@@ -238,7 +239,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
 def _analyze_and_transform(pipeline, shards: dict, schema, tensor_adapter_config, preprocessing_fn,
                            analyze_splits: list[str], graph_dir: str, examples_dir: str, scratch: str) -> dict:
     """tf.Transform's full pass as one Beam pipeline: analyze the analyze splits, write the transform graph, and
-    transform and write every split. Returns each feature's value range over the transformed splits."""
+    transform and write every split. Returns each feature's value range over the transformed splits, and each
+    split's examples."""
     import tensorflow_transform.beam as tft_beam
 
     with tft_beam.Context(temp_dir=scratch):
@@ -249,7 +251,7 @@ def _analyze_and_transform(pipeline, shards: dict, schema, tensor_adapter_config
         transform_fn = (
             (analyze_data, tensor_adapter_config) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn))
         _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph_dir)
-        ranges = []
+        ranges, counts = [], []
         for split in shards:
             raw = pipeline | f"Read[{split}]" >> example_io.ReadExampleBatches(shards[split], schema)
             transformed, _ = (
@@ -258,14 +260,18 @@ def _analyze_and_transform(pipeline, shards: dict, schema, tensor_adapter_config
             batches = transformed | f"Batches[{split}]" >> beam.Map(lambda batch: batch[0])
             ranges.append(batches | f"Ranges[{split}]" >> beam.Map(
                 lambda batch, split=split: {split: _numeric_ranges(batch)}))
+            counts.append(batches | f"Count[{split}]" >> beam.Map(lambda batch, split=split: (split, batch.num_rows)))
             prefix = os.path.join(artifacts.split_dir(examples_dir, split), artifacts.TRANSFORMED_EXAMPLES_FILE_PREFIX)
             _ = batches | f"Write[{split}]" >> example_io.WriteExampleShards(
                 prefix, os.path.join(scratch, "written", split))
         ranges_path = os.path.join(scratch, "feature_ranges.json")
         _ = (ranges | "FlattenRanges" >> beam.Flatten() | "FeatureRanges" >> beam.CombineGlobally(_FeatureRanges())
              | "WriteRanges" >> beam.Map(_write_json, ranges_path))
+        counts_path = os.path.join(scratch, "split_examples.json")
+        _ = (counts | "FlattenCounts" >> beam.Flatten() | "SplitExamples" >> beam.CombinePerKey(sum)
+             | "CountsAsDict" >> beam.combiners.ToDict() | "WriteCounts" >> beam.Map(_write_json, counts_path))
         run_pipeline(pipeline)
-    return json.loads(files.read_text(ranges_path))
+    return json.loads(files.read_text(ranges_path)), json.loads(files.read_text(counts_path))
 
 
 def _checked_ranges(ranges: dict, analyzed: list[str], splits: list[str]) -> list[str]:

@@ -106,7 +106,8 @@ def run_fn(fn_args):
     train = resume_training_data(training_data(), fn_args)  # a resumed run reads on from where its backup was taken
     steps, examples = fn_args.train_steps, None
     if not steps:
-        steps, examples = epoch_size(_dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], False))
+        steps, examples = epoch_size(_dataset(fn_args, fn_args.train_files, schema, batch, hp["seed"], False),
+                                     fn_args.train_files, batch)
 
     def build():  # the model to fit, compiled; built again by the step tuner under a mixed policy, if it measures one
         with strategy.scope():
@@ -128,7 +129,8 @@ def run_fn(fn_args):
                                steps_per_epoch=steps, epochs=epochs, batch_size=batch, rebuild=build,
                                save_freq=config.get("backup_save_freq", "epoch"))
     student = model.student if distillation else model
-    eval_steps = fn_args.eval_steps or epoch_size(evaluation)[0]  # several steps per call need validation's count
+    # several steps per call need validation's count
+    eval_steps = fn_args.eval_steps or epoch_size(evaluation, fn_args.eval_files, batch)[0]
     callbacks = standard_callbacks(fn_args, strategy_name, batch, epochs, config.get("backup_save_freq", "epoch"),
                                    examples_per_epoch=examples)
     history = model.fit(train, epochs=epochs, steps_per_epoch=steps, validation_data=evaluation,

@@ -224,8 +224,9 @@ def run_fn(fn_args):
     # coordinator; the training data then repeats and the steps mark the epoch boundaries.
     steps, examples = fn_args.train_steps, None
     if not steps:
-        steps, examples = epoch_size(
-            _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False))
+        steps, examples = epoch_size(  # from the examples Transform counted, or a pass over them
+            _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False),
+            fn_args.train_files, hp["batch_size"])
     callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
                                    config.get("backup_save_freq", "epoch"), examples_per_epoch=examples)
     if strategy_name == "parameter_server":
@@ -253,7 +254,7 @@ def run_fn(fn_args):
                                    epochs=hp["epochs"], batch_size=hp["batch_size"], rebuild=rebuild,
                                    save_freq=config.get("backup_save_freq", "epoch"))
         if eval_steps is None:  # several steps per call need the number of steps up front, validation's too
-            eval_steps = epoch_size(evaluation)[0]
+            eval_steps = epoch_size(evaluation, fn_args.eval_files, hp["batch_size"])[0]
         # The share of a step that waits on input, measured on the twin once the first epoch is over: the run's
         # live view shows it while the rest trains
         callbacks.append(InputStallProbe(twin, fn_args, steps_per_epoch=steps))

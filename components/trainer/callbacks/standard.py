@@ -14,10 +14,20 @@ from hpml.components.trainer.progress_state import progress_dir
 log = logging.getLogger("hpml.trainer")
 
 
-def epoch_size(dataset) -> tuple[int, int]:
+def epoch_size(dataset, files: list[str] | None = None, batch_size: int | None = None) -> tuple[int, int]:
     """(batches, examples) in one pass over a batched dataset: steps_per_epoch for fit, and standard_callbacks'
-    examples_per_epoch, as the last batch may be short."""
+    examples_per_epoch, as the last batch may be short. Given the dataset's file patterns (fn_args.train_files) and
+    its batch size, the count that ExampleGen or Transform recorded answers at once; otherwise a pass counts. A
+    dataset that drops or adds examples must not pass `files`."""
+    import math
+
     import tensorflow as tf
+
+    from hpml.components.artifacts import recorded_examples
+
+    recorded = recorded_examples(files) if files and batch_size else None
+    if recorded is not None:
+        return math.ceil(recorded / batch_size), recorded
 
     def count(totals, batch):
         return totals[0] + 1, totals[1] + tf.shape(tf.nest.flatten(batch)[0])[0]
