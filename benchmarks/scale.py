@@ -136,10 +136,13 @@ def _run(command: list[str]) -> dict:
 
 
 def _module(workdir: str, csv: str) -> str:
-    """The module `hpml init` writes for the benchmark's CSV (the same columns at every size)."""
-    if not os.path.exists(os.path.join(workdir, "scale", "module.py")):
-        subprocess.run([os.path.join(os.path.dirname(sys.executable), "hpml"), "init", "scale", "--csv", csv,
-                        "--label", "label"], cwd=workdir, check=True, capture_output=True)
+    """The module `hpml init` writes for the benchmark's CSV (the same columns at every size), written again on
+    every run: a work folder kept from an older hpml would otherwise measure that version's template."""
+    import shutil
+
+    shutil.rmtree(os.path.join(workdir, "scale"), ignore_errors=True)
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), "hpml"), "init", "scale", "--csv", csv, "--label",
+                    "label"], cwd=workdir, check=True, capture_output=True)
     return os.path.join(workdir, "scale", "module.py")
 
 
