@@ -33,9 +33,18 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
     """Save `model` with the transform graph in front: a classifier's signature returns probabilities, class ids
     and (with `class_names`) classes; a regressor's (`regression=True`) returns predictions."""
     model.tft_layer = tf_transform_output.transform_features_layer()
+    model.save(serving_model_dir, save_format="tf",
+               signatures=_signatures(model, tf_transform_output, label_key, class_names, regression))
+
+
+def _signatures(model, tf_transform_output, label_key: str, class_names: list[str] | None, regression: bool) -> dict:
+    """The serving signatures, traced without AutoGraph: converting the transform graph's and the model's code
+    took half the export's time, and Keras's save traces every layer without it anyway, so a model it saves
+    needs none."""
     raw_spec = tf_transform_output.raw_feature_spec()
     raw_spec.pop(label_key, None)
     names = tf.constant(class_names or [], dtype=tf.string)
+    examples = tf.TensorSpec(shape=[None], dtype=tf.string, name="examples")
 
     def predict(parsed):
         transformed = model.tft_layer(parsed)
@@ -48,33 +57,34 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
             outputs["classes"] = tf.gather(names, outputs["class_ids"])
         return outputs
 
-    @tf.function(input_signature=[tf.TensorSpec(shape=[None], dtype=tf.string, name="examples")])
+    @tf.function(autograph=False)
     def serve_tf_examples(serialized):
         return predict(tf.io.parse_example(serialized, raw_spec))
 
-    @tf.function
+    @tf.function(autograph=False)
     def serve_raw_features(**features):
         return predict({name: _as_parsed(features[name], feature) for name, feature in raw_spec.items()})
 
     full_spec = tf_transform_output.raw_feature_spec()
 
-    @tf.function(input_signature=[tf.TensorSpec(shape=[None], dtype=tf.string, name="examples")])
+    @tf.function(autograph=False)
     def transform_features(serialized):
         """The transformed features of labelled raw examples, as the Trainer saw them."""
         return model.tft_layer(tf.io.parse_example(serialized, full_spec))
 
-    signatures = {"serving_default": serve_tf_examples, TRANSFORM_FEATURES_SIGNATURE: transform_features}
+    signatures = {"serving_default": serve_tf_examples.get_concrete_function(examples),
+                  TRANSFORM_FEATURES_SIGNATURE: transform_features.get_concrete_function(examples)}
     if all(_one_value(feature) for feature in raw_spec.values()):
         signatures[RAW_FEATURES_SIGNATURE] = serve_raw_features.get_concrete_function(
             **{name: tf.TensorSpec([None], raw_input_dtype(feature), name=name) for name, feature in raw_spec.items()})
     if class_names:
-        @tf.function(input_signature=[])
+        @tf.function(input_signature=[], autograph=False)
         def class_names_by_column():
             """Every probability column's class name, so a consumer needs no examples to learn them."""
             return {"class_names": names}
 
-        signatures[CLASS_NAMES_SIGNATURE] = class_names_by_column
-    model.save(serving_model_dir, save_format="tf", signatures=signatures)
+        signatures[CLASS_NAMES_SIGNATURE] = class_names_by_column.get_concrete_function()
+    return signatures
 
 
 def _one_value(feature) -> bool:
