@@ -237,7 +237,8 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
 
 
 def _analyze_and_transform(pipeline, shards: dict, schema, tensor_adapter_config, preprocessing_fn,
-                           analyze_splits: list[str], graph_dir: str, examples_dir: str, scratch: str) -> dict:
+                           analyze_splits: list[str], graph_dir: str, examples_dir: str,
+                           scratch: str) -> tuple[dict, dict]:
     """tf.Transform's full pass as one Beam pipeline: analyze the analyze splits, write the transform graph, and
     transform and write every split. Returns each feature's value range over the transformed splits, and each
     split's examples."""
