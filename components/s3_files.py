@@ -387,15 +387,11 @@ def remove(url: str) -> None:
 
 
 def rmtree(url: str) -> None:
-    """Delete every object under the folder, 1000 per request."""
+    """Delete every object under the folder: a request per page of the listing (at most 1000 keys, as a delete
+    takes)."""
     bucket, key = split(url)
-    prefix = key.rstrip("/") + "/"
     with _explained(url):
-        batch = []
-        for entry in _keys(bucket, prefix):
-            batch.append({"Key": entry["Key"]})
-            if len(batch) == 1000:
-                client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
-                batch = []
-        if batch:
-            client().delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+        for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key.rstrip("/") + "/"):
+            if page.get("Contents"):
+                client().delete_objects(Bucket=bucket, Delete={
+                    "Objects": [{"Key": entry["Key"]} for entry in page["Contents"]], "Quiet": True})

@@ -68,6 +68,23 @@ def test_files_on_s3_answer_as_on_a_local_disk(s3, tmp_path):
     assert not files.exists(root) and files.walk_files(root) and list(files.walk_files(root)) == []
 
 
+
+def test_removing_a_folder_of_more_objects_than_one_listing_page_removes_them_all(s3, tmp_path):
+    """A listing page and a delete request each take at most 1000 keys: a folder of 1003 needs two of each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hpml.components import s3_files
+
+    root = f"{s3.root}/{tmp_path.name}"
+    bucket, prefix = s3_files.split(root)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: s3_files.client().put_object(Bucket=bucket, Key=f"{prefix}/part/{i:04d}", Body=b"x"),
+                      range(1003)))
+    files.write_text(f"{root}/kept.txt", "outside the folder")
+    assert len(list(files.walk_files(f"{root}/part"))) == 1003
+    files.rmtree(f"{root}/part")
+    assert list(files.walk_files(f"{root}/part")) == [] and files.listdir(root) == ["kept.txt"]
+
 def test_a_create_only_write_is_won_by_one_writer_of_many(s3, tmp_path):
     root = f"{s3.root}/{tmp_path.name}"
     for key in range(4):
