@@ -205,11 +205,17 @@ def makedirs(path: str) -> None:
 
 
 def listdir(path: str) -> list[str]:
-    """Entry names, without a trailing slash for folders."""
+    """Entry names, without a trailing slash for folders; FileNotFoundError where there is no such folder (on an
+    object store: nothing under that prefix)."""
     if is_s3(path):
         return s3_files.listdir(path)
     if is_url(path):
-        return sorted({name.rstrip("/") for name in _gfile().listdir(path)})
+        import tensorflow as tf
+
+        try:
+            return sorted({name.rstrip("/") for name in _gfile().listdir(path)})
+        except tf.errors.NotFoundError:
+            raise FileNotFoundError(path) from None
     return sorted(os.listdir(path))
 
 

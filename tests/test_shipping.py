@@ -474,3 +474,30 @@ def test_a_pushed_model_serves_raw_features_and_tf_examples_in_tensorflow_alone(
     assert own.shape == (len(serialized), 3)
     np.testing.assert_allclose(served["examples"], own, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(served["raw"], own, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("store", ["gcs", "s3"])
+def test_a_store_destination_another_pusher_is_checking_reads_as_empty_not_missing(store, request):
+    """Another pusher's write check puts an object in an empty destination and removes it: in between, the folder
+    exists and then has nothing in it. Its versions, retired versions and the next push read that as empty."""
+    import threading
+    import uuid
+
+    root = request.getfixturevalue(store).root
+    destination = f"{root}/{uuid.uuid4().hex[:8]}/serving"
+    stop = threading.Event()
+    checks = []
+
+    def check_in_a_loop():
+        while not stop.is_set() and len(checks) < 2000:
+            checks.append(serving_dir.check_writable(destination))
+
+    checker = threading.Thread(target=check_in_a_loop)
+    checker.start()
+    try:
+        read = [(serving_dir.versions(destination), serving_dir.retired(destination)) for _ in range(300)]
+    finally:
+        stop.set()
+        checker.join(timeout=60)
+    assert len(checks) > 10 and set(checks) == {None}
+    assert set(map(str, read)) == {"([], [])"}

@@ -44,9 +44,13 @@ ABANDONED_AFTER_S = 6 * 3600
 
 
 def _numbers(folder: str) -> list[int]:
-    if not files.isdir(folder):
+    # Listed, never checked first: on an object store another pusher's write check can make the folder exist and
+    # then empty it again between the two calls.
+    try:
+        names = files.listdir(folder)
+    except FileNotFoundError:
         return []
-    return sorted(int(name.rstrip("/")) for name in files.listdir(folder) if _VERSION_RE.match(name.rstrip("/")))
+    return sorted(int(name) for name in names if _VERSION_RE.match(name))
 
 
 def versions(destination: str) -> list[int]:
