@@ -76,3 +76,60 @@ def test_compiled_confusion_matrix_equals_counting_predictions(steps):
     assert report["examples"] == rows and report["confusion_matrix"] == expected.tolist()
     correct = np.trace(expected)
     assert sum(row["recall"] * row["support"] for row in report["per_class"]) == pytest.approx(correct)
+
+
+def _counted_in_fit(model, data, epochs=3, **fit):
+    from hpml.components.trainer.callbacks import ValidationConfusion
+
+    counted = ValidationConfusion(CLASSES)
+    model.fit(data, epochs=epochs, validation_data=data, validation_steps=fit.pop("validation_steps", 13),
+              callbacks=[counted], verbose=0, **fit)
+    return counted
+
+
+@pytest.mark.parametrize("replicas,steps_per_execution", [(1, 1), (1, 4), (2, 1), (2, 4)])
+def test_the_confusion_counted_in_fits_final_validation_is_the_pass_after_fit(replicas, steps_per_execution):
+    """Counted inside fit's own validation steps (one device, or summed over two replicas), the matrix equals a
+    pass over the same steps after fit; the report made from it equals the one a second pass makes."""
+    _, _, data = _data()
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{n}" for n in range(replicas)]) if replicas > 1 \
+        else tf.distribute.get_strategy()
+    with strategy.scope():
+        model = _model(steps_per_execution)
+    counted = _counted_in_fit(model, data)
+    expected = confusion_matrix(model, data, CLASSES, 13)
+    assert expected.sum() == 203 and np.count_nonzero(expected - np.diag(np.diag(expected))) > 0
+    assert counted.matrix is not None and counted.matrix.dtype == np.int64
+    np.testing.assert_array_equal(counted.matrix, expected)
+    assert classification_report(model, data, ["a", "b", "c"], 13, counted.matrix) == \
+        classification_report(model, data, ["a", "b", "c"], 13)
+    # fit's metrics are the ones they were without the counting
+    twin = _model(steps_per_execution) if replicas == 1 else None
+    if twin is not None:
+        plain = twin.fit(data, epochs=3, validation_data=data, validation_steps=13, verbose=0)
+        np.testing.assert_allclose(model.history.history["val_loss"], plain.history["val_loss"], rtol=1e-6)
+
+
+def test_no_matrix_where_fits_last_epoch_did_not_validate_or_the_model_has_its_own_test_step(tmp_path):
+    """Then write_classification_report makes its own pass, and its report is the same."""
+    import json
+
+    from hpml.components.trainer.classification import write_classification_report
+
+    _, _, data = _data()
+    model = _model()
+    assert _counted_in_fit(model, data, validation_freq=2).matrix is None  # epochs 2 of 3 validated
+    assert _counted_in_fit(model, data, initial_epoch=3).matrix is None  # nothing left to run
+
+    class OwnTestStep(tf_keras.Model):
+        def test_step(self, data):
+            return super().test_step(data)
+
+    inputs = tf_keras.Input(shape=(4,), name="x")
+    own = OwnTestStep({"x": inputs}, tf_keras.layers.Dense(CLASSES, activation="softmax")(inputs))
+    own.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    counted = _counted_in_fit(own, data, epochs=1)
+    assert counted.matrix is None and "test_step" not in vars(own)
+    report = write_classification_report(str(tmp_path), own, data, ["a", "b", "c"], 13, counted)
+    assert report == json.loads((tmp_path / "classification.json").read_text())
+    assert report["confusion_matrix"] == confusion_matrix(own, data, CLASSES, 13).tolist()

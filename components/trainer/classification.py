@@ -33,9 +33,13 @@ def confusion_matrix(model, dataset, classes: int, steps: int | None = None):
     return np.asarray(count())
 
 
-def classification_report(model, dataset, class_names: list[str], steps: int | None = None) -> dict:
-    """Score `model` on (features, labels) batches of `dataset` (labels are class ids, outputs probabilities)."""
-    confusion = confusion_matrix(model, dataset, len(class_names), steps)
+def classification_report(model, dataset, class_names: list[str], steps: int | None = None,
+                          confusion=None) -> dict:
+    """Score `model` on (features, labels) batches of `dataset` (labels are class ids, outputs probabilities), or
+    report `confusion`, [actual, predicted] counts already taken on them."""
+    if confusion is None:
+        confusion = confusion_matrix(model, dataset, len(class_names), steps)
+    confusion = np.asarray(confusion, dtype=np.int64)
     rows = []
     for i, name in enumerate(class_names):
         true_positive = int(confusion[i, i])
@@ -49,11 +53,15 @@ def classification_report(model, dataset, class_names: list[str], steps: int | N
 
 
 def write_classification_report(model_run_dir: str, model, dataset, class_names: list[str],
-                                steps: int | None = None) -> dict:
-    """Compute the report and write it to the ModelRun (on the chief only, where several workers run run_fn)."""
+                                steps: int | None = None, counted=None) -> dict:
+    """Compute the report and write it to the ModelRun (on the chief only, where several workers run run_fn).
+
+    `counted`: the ValidationConfusion callback that fit ran with; where it counted fit's final validation (the
+    same `steps` of `dataset`, on these weights), its matrix is reported and the eval split is not read again."""
     from hpml.components.trainer.strategies import is_chief
 
-    report = classification_report(model, dataset, class_names, steps)
+    confusion = None if counted is None else counted.matrix
+    report = classification_report(model, dataset, class_names, steps, confusion)
     if is_chief():
         files.makedirs(model_run_dir)
         files.write_text(os.path.join(model_run_dir, CLASSIFICATION_FILE), json.dumps(report, indent=1))

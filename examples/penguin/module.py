@@ -197,9 +197,10 @@ def run_fn(fn_args):
     """Train the model under the planned strategy and export it for serving raw tf.Examples."""
     import tf_keras
 
-    from hpml.v1 import (CoordinatorValidation, InputStallProbe, epoch_size, export_serving_model,
-                         final_eval_metrics, make_strategy, record_pipeline_schedule, resume_training_data,
-                         standard_callbacks, tune_training_step, write_classification_report, write_eval_metrics)
+    from hpml.v1 import (CoordinatorValidation, InputStallProbe, ValidationConfusion, epoch_size,
+                         export_serving_model, final_eval_metrics, make_strategy, record_pipeline_schedule,
+                         resume_training_data, standard_callbacks, tune_training_step, write_classification_report,
+                         write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -229,6 +230,9 @@ def run_fn(fn_args):
             fn_args.train_files, hp["batch_size"])
     callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
                                    config.get("backup_save_freq", "epoch"), examples_per_epoch=examples)
+    class_names = None if TASK != "classification" else [
+        c.decode() if isinstance(c, bytes) else c for c in tf_transform_output.vocabulary_by_name(LABEL_KEY)]
+    confusion = None if class_names is None else ValidationConfusion(len(class_names))
     if strategy_name == "parameter_server":
         # The coordinator schedules steps on the workers; each worker makes its own dataset.
         train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(
@@ -258,6 +262,8 @@ def run_fn(fn_args):
         # The share of a step that waits on input, measured on the twin once the first epoch is over: the run's
         # live view shows it while the rest trains
         callbacks.append(InputStallProbe(twin, fn_args, steps_per_epoch=steps))
+        if confusion is not None:  # counted in fit's validation: the per-class report reads the eval split no more
+            callbacks.append(confusion)
         history = model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,
                             validation_steps=eval_steps, callbacks=callbacks, verbose=0)
     if strategy_name == "gpipe":
@@ -265,9 +271,7 @@ def run_fn(fn_args):
     # The last epoch's validation ran on these weights: its numbers are the eval metrics, with no second pass
     write_eval_metrics(fn_args.model_run_dir, final_eval_metrics(model, evaluation, eval_steps, history))
     if TASK == "classification":
-        class_names = [c.decode() if isinstance(c, bytes) else c
-                       for c in tf_transform_output.vocabulary_by_name(LABEL_KEY)]
-        write_classification_report(fn_args.model_run_dir, model, evaluation, class_names, eval_steps)
+        write_classification_report(fn_args.model_run_dir, model, evaluation, class_names, eval_steps, confusion)
         export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, class_names=class_names)
     else:
         export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, regression=True)

@@ -56,6 +56,7 @@ _EXPORTS = {
     "write_eval_metrics": "hpml.components.trainer.export:write_eval_metrics",
     "final_eval_metrics": "hpml.components.trainer.evaluation:final_eval_metrics",
     "write_classification_report": "hpml.components.trainer.classification:write_classification_report",
+    "ValidationConfusion": "hpml.components.trainer.callbacks:ValidationConfusion",
     "GradientAccumulationModel": "hpml.components.trainer.grad_accum:GradientAccumulationModel",
     "ModelMemory": "hpml.components.trainer.plan:ModelMemory",
     "PipelineModel": "hpml.components.trainer.gpipe.pipeline_model:PipelineModel",

@@ -7,7 +7,8 @@ from hpml.components.trainer.callbacks.standard import epoch_size, standard_call
 from hpml.components.trainer.callbacks.tensorboard import TensorBoard
 from hpml.components.trainer.callbacks.terminal_progress import (TerminalProgress, close_terminal_progress,
                                                                  progress_mode)
+from hpml.components.trainer.callbacks.validation_confusion import ValidationConfusion
 
 __all__ = ["BackupAndRestore", "CoordinatorValidation", "EpochMetricsLogger", "METRICS_FILE", "StopOnDivergence",
            "StopOnDivergenceEveryStep", "TensorBoard", "TerminalProgress", "close_terminal_progress", "epoch_size",
-           "progress_mode", "read_metrics", "standard_callbacks"]
+           "progress_mode", "read_metrics", "standard_callbacks", "ValidationConfusion"]
