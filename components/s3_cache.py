@@ -8,19 +8,28 @@ used copies are removed until the new one fits.
 
 Where: `s3/` in `HPML_CACHE_DIR`, else in `$XDG_CACHE_HOME/hpml`, else in `~/.cache/hpml`. Budget: `HPML_CACHE_BYTES`,
 else half the free space of that disk when the cache is used, at most 20 GiB.
+
+A copy a running task works on (`held_tree`) and a local folder a task works in (`in_use`) carry a shared lock
+for as long as the task uses them: eviction passes them over, and `sweep` removes only folders that no live process
+holds, the leftovers of a killed task. The lock is the kernel's (flock), so a process that dies lets go of it.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import logging
 import json
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 
 from hpml.components import s3_files
 from hpml.components.errors import SpecError
+
+log = logging.getLogger(__name__)
 
 MAX_DEFAULT_BUDGET = 20 << 30
 _PARTIAL = ".partial-"
@@ -105,9 +114,53 @@ def _make_room(where: str, needed: int, limit: int, keep: str) -> None:
     for _, size, path in entries:
         if used + needed <= limit:
             break
-        if path != keep:
-            _remove(path)
+        if path != keep and _remove_unless_held(path):
             used -= size
+    if used + needed > limit:
+        log.warning("the local cache %s goes over its budget of %d bytes: %d bytes of its copies are in use by "
+                    "running tasks", where, limit, used)
+
+
+def _remove_unless_held(path: str) -> bool:
+    """Remove `path` unless a live process holds it (`in_use`); whether it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # another process removed it
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        _remove(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def in_use(path: str) -> Iterator[str]:
+    """Hold the file or folder `path` for the block (a shared lock): eviction and `sweep` leave it alone."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield path
+    finally:
+        os.close(fd)
+
+
+def sweep(parent: str, grace_s: float = 60.0) -> list[str]:
+    """Remove the folders and files in `parent` that no live process holds and that have not changed for
+    `grace_s` (one just made is not held yet): those of tasks that were killed. The paths removed."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - entry.stat().st_mtime > grace_s and _remove_unless_held(entry.path):
+                    removed.append(entry.path)
+    for path in removed:
+        log.info("removed %s: left by a task that stopped without cleaning up", path)
+    return removed
 
 
 def local_file(url: str) -> str:
@@ -132,6 +185,32 @@ def local_file(url: str) -> str:
             if os.path.exists(partial):
                 os.unlink(partial)
     raise SpecError(f"{url}: the object changed during each of 3 downloads", hint="is something rewriting it?")
+
+
+@contextlib.contextmanager
+def held_tree(url: str) -> Iterator[str]:
+    """`local_tree(url)`, held for the block (`in_use`): a task's input stays while the task runs."""
+    for _ in range(3):
+        path = local_tree(url)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # evicted by another process since: downloaded again
+            continue
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an evicting process removes it
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    else:
+        raise SpecError(f"{url}: other processes removed its local copy each of 3 times it was downloaded",
+                        hint="raise HPML_CACHE_BYTES, or point HPML_CACHE_DIR at a larger disk")
+    try:
+        yield path
+    finally:
+        os.close(fd)
 
 
 def local_tree(url: str) -> str:

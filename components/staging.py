@@ -5,6 +5,9 @@ each s3:// output is a fresh local folder, uploaded when the executor succeeds a
 object-store artifact is: the earlier attempt's objects removed first, the manifest (`_hpml_published.json`)
 written last. A reader takes an artifact only once its manifest is there, so an upload cut short, or a retried
 task's leftovers, never count. Nothing is uploaded when the executor fails.
+
+While the executor runs, its input copies and its output folder are held (`s3_cache.in_use`): another task's
+download does not evict them, and the output folders a killed task left behind are removed by the next task.
 """
 from __future__ import annotations
 
@@ -38,10 +41,10 @@ def _any_s3(uris: Mapping) -> bool:
                if one is not None)
 
 
-def _local_input(uri):
+def _local_input(uri, held: contextlib.ExitStack):
     if isinstance(uri, (list, tuple)):
-        return [_local_input(one) for one in uri]
-    return s3_cache.local_tree(uri) if uri is not None and is_s3(uri) else uri
+        return [_local_input(one, held) for one in uri]
+    return held.enter_context(s3_cache.held_tree(uri)) if uri is not None and is_s3(uri) else uri
 
 
 @contextlib.contextmanager
@@ -50,10 +53,13 @@ def staged(inputs: Mapping, outputs: Mapping[str, str]) -> Iterator[tuple[dict, 
     if not _any_s3(inputs) and not _any_s3(outputs):
         yield dict(inputs), dict(outputs)
         return
-    local_inputs = {name: _local_input(uri) for name, uri in inputs.items()}
-    os.makedirs(s3_cache.staging_folder(), exist_ok=True)
-    work = tempfile.mkdtemp(prefix="hpml-staged-", dir=s3_cache.staging_folder())
-    try:
+    with contextlib.ExitStack() as held:
+        local_inputs = {name: _local_input(uri, held) for name, uri in inputs.items()}
+        os.makedirs(s3_cache.staging_folder(), exist_ok=True)
+        s3_cache.sweep(s3_cache.staging_folder())
+        work = tempfile.mkdtemp(prefix="hpml-staged-", dir=s3_cache.staging_folder())
+        held.callback(shutil.rmtree, work, ignore_errors=True)
+        held.enter_context(s3_cache.in_use(work))
         local_outputs = {name: os.path.join(work, name) if is_s3(uri) else uri for name, uri in outputs.items()}
         _ACTIVE.staged = True
         _ACTIVE.published = {local_outputs[name]: uri for name, uri in outputs.items() if is_s3(uri)}
@@ -65,5 +71,3 @@ def staged(inputs: Mapping, outputs: Mapping[str, str]) -> Iterator[tuple[dict, 
             if is_s3(uri):
                 with artifacts.publish(uri) as target:
                     files.copy_tree(local_outputs[name], target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

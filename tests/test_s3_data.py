@@ -2,6 +2,9 @@
 import contextlib
 import gzip
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import tensorflow as tf
@@ -190,3 +193,121 @@ def test_readers_that_evict_each_others_copies_at_once_all_get_whole_files(s3, t
     assert not errors, errors
     kept = os.listdir(tmp_path / "cache" / "s3")
     assert sum(os.path.getsize(tmp_path / "cache" / "s3" / name) for name in kept) <= 4000 + 6 * 1000, kept
+
+
+HOLD_A_COPY = """
+import sys
+from hpml.components import s3_cache
+with s3_cache.held_tree(sys.argv[1]) as path:
+    print(path, flush=True)
+    sys.stdin.read()  # until the test closes stdin
+"""
+
+STAGE_AN_OUTPUT = """
+import os, sys
+from hpml.components import staging
+with staging.staged({}, {"out": sys.argv[1]}) as (_, outputs):
+    os.makedirs(outputs["out"])
+    open(os.path.join(outputs["out"], "part"), "w").write("written")
+    print(outputs["out"], flush=True)
+    sys.stdin.read()  # until the test closes stdin
+"""
+
+
+def _task(script: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """A task in a process of its own, and the path it printed once it holds what it works on."""
+    task = subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    return task, task.stdout.readline().strip()
+
+
+def test_a_copy_a_running_task_holds_is_not_evicted_until_the_task_ends(s3, tmp_path, monkeypatch, caplog):
+    """Tasks on one machine share the cache: another task's download passes over the copy a running task works on
+    (the cache goes over its budget for it, with a warning) and evicts it once that task has ended."""
+    from hpml.components import s3_cache
+
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HPML_CACHE_BYTES", "2500")
+    root = f"{s3.root}/{tmp_path.name}"
+    for name in "xyzw":
+        s3_files.write_bytes(f"{root}/{name}/part", name.encode() * 1000)
+    task, held = _task(HOLD_A_COPY, f"{root}/x")
+    try:
+        assert open(os.path.join(held, "part"), "rb").read() == b"x" * 1000
+        y = s3_cache.local_tree(f"{root}/y")
+        z = s3_cache.local_tree(f"{root}/z")  # x, the least recently used, is held: y goes instead
+        assert os.path.isdir(held) and not os.path.exists(y) and os.path.isdir(z)
+        monkeypatch.setenv("HPML_CACHE_BYTES", "1500")
+        y = s3_cache.local_tree(f"{root}/y")  # z goes; only x could make the rest of the room
+        assert os.path.isdir(held) and os.path.isdir(y) and not os.path.exists(z)
+        assert "goes over its budget of 1500 bytes: 1000 bytes of its copies are in use" in caplog.text
+    finally:
+        task.stdin.close()
+        assert task.wait(timeout=60) == 0
+    w = s3_cache.local_tree(f"{root}/w")  # x is held no more: it goes, then y
+    assert os.listdir(tmp_path / "cache" / "s3") == [os.path.basename(w)]
+
+
+def test_output_folders_that_killed_tasks_left_are_removed_by_the_next_and_live_ones_stay(s3, tmp_path,
+                                                                                           monkeypatch):
+    """A task killed while its executor ran leaves its local output folder: the next task on the machine removes
+    it. A live task's folder stays, and that task still publishes its output."""
+    from hpml.components import staging
+
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
+    root = f"{s3.root}/{tmp_path.name}"
+    killed, killed_out = _task(STAGE_AN_OUTPUT, f"{root}/killed")
+    live, live_out = _task(STAGE_AN_OUTPUT, f"{root}/live")
+    try:
+        killed.kill()
+        killed.wait(timeout=60)
+        folders = {os.path.dirname(killed_out), os.path.dirname(live_out)}
+        for folder in folders:  # older than the minute a task may take to hold the folder it just made
+            os.utime(folder, (time.time() - 120, time.time() - 120))
+        with staging.staged({}, {"out": f"{root}/next"}) as (_, outputs):
+            os.makedirs(outputs["out"])
+            assert set(os.listdir(tmp_path / "cache" / "s3-staging")) == {
+                os.path.basename(os.path.dirname(path)) for path in (live_out, outputs["out"])}
+        assert not os.path.exists(killed_out) and os.path.isfile(os.path.join(live_out, "part"))
+    finally:
+        live.stdin.close()
+        assert live.wait(timeout=60) == 0
+    assert files.read_text(f"{root}/live/part") == "written"
+    assert files.isfile(f"{root}/live/{artifacts.PUBLISHED_FILE}") and not files.exists(f"{root}/killed")
+    assert os.listdir(tmp_path / "cache" / "s3-staging") == []
+
+
+CLAIM_A_WORKING_DIR = """
+import os, sys
+from hpml.components.trainer import backup_mirror
+with backup_mirror.claimed(sys.argv[1]):
+    local = backup_mirror.local_working_dir(sys.argv[1])
+    open(os.path.join(local, "checkpoint"), "w").write("a backup")
+    print(local, flush=True)
+    sys.stdin.read()  # until the test closes stdin
+"""
+
+
+def test_the_local_working_folder_of_a_killed_trainer_is_removed_by_the_next_and_a_live_ones_stays(s3, tmp_path,
+                                                                                                  monkeypatch):
+    """A Trainer whose working dir is on s3:// keeps its backups in a local folder too; one killed (its task lost,
+    or retried on another machine) leaves it: the next Trainer on the machine removes it, not a live one's."""
+    from hpml.components.trainer import backup_mirror
+
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
+    root = f"{s3.root}/{tmp_path.name}"
+    killed, killed_dir = _task(CLAIM_A_WORKING_DIR, f"{root}/killed.work")
+    live, live_dir = _task(CLAIM_A_WORKING_DIR, f"{root}/live.work")
+    try:
+        killed.kill()
+        killed.wait(timeout=60)
+        for folder in (killed_dir, live_dir):
+            os.utime(folder, (time.time() - 120, time.time() - 120))
+        with backup_mirror.claimed(f"{root}/next.work"):
+            mine = backup_mirror.local_working_dir(f"{root}/next.work")
+            assert os.path.isdir(mine) and os.path.isdir(live_dir) and not os.path.exists(killed_dir)
+        assert os.path.isfile(os.path.join(live_dir, "checkpoint"))
+    finally:
+        live.stdin.close()
+        assert live.wait(timeout=60) == 0
+    assert backup_mirror.local_working_dir(str(tmp_path / "local.work")) == str(tmp_path / "local.work")

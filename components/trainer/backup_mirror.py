@@ -8,10 +8,12 @@ one, however an upload was cut short.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 
 from hpml.components import files, s3_cache
 from hpml.components.s3_files import is_s3
@@ -77,6 +79,21 @@ def upload(working_dir: str, backup_subdir: str, folder: str) -> None:
     for name in files.listdir(remote):
         if name not in wanted:
             files.remove(os.path.join(remote, name))
+
+
+@contextlib.contextmanager
+def claimed(working_dir: str) -> Iterator[None]:
+    """Hold the local folder of an s3:// working dir while this process trains in it (`s3_cache.in_use`), after
+    removing the folders that Trainers killed on this machine left (`s3_cache.sweep`). The store keeps their
+    backups: `restore` puts the last one back."""
+    if not is_s3(working_dir):
+        yield
+        return
+    local = local_working_dir(working_dir)
+    s3_cache.sweep(os.path.dirname(local))
+    os.makedirs(local, exist_ok=True)
+    with s3_cache.in_use(local):
+        yield
 
 
 def remove(working_dir: str) -> None:

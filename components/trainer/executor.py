@@ -96,32 +96,33 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     # Run-scoped, where the model is published: on s3:// the backups and live progress outlive this machine.
     working_dir = working_dir_for(staging.published_uri(outputs["model"]))
     files.makedirs(working_dir)
-    backup_mirror.restore(working_dir, BACKUP_DIR)
-    with artifacts.publish(outputs["model"]) as model_dir, artifacts.publish(outputs["model_run"]) as run_dir:
-        fn_args = FnArgs(
-            working_dir=working_dir,
-            train_files=train_files,
-            eval_files=eval_files,
-            train_steps=params["train_steps"] or None,
-            eval_steps=params["eval_steps"] or None,
-            schema_path=artifacts.schema_path(inputs["schema"]) if inputs.get("schema") else None,
-            transform_graph_path=inputs.get("transform_graph"),
-            data_accessor=data_accessor,
-            serving_model_dir=artifacts.serving_model_path(model_dir),
-            eval_model_dir=os.path.join(model_dir, "Format-TFMA"),
-            model_run_dir=run_dir,
-            base_model=inputs.get("base_model"),
-            hyperparameters=dict(params["hyperparameters"]),
-            custom_config=dict(params["custom_config"], strategy=plan.strategy, plan=plan.to_dict(),
-                               backup_save_freq=params["backup_save_freq"],
-                               input_pipeline_dir=inputs.get("input_pipeline"),
-                               **({distill_mode.CONFIG_KEY: distillation.to_dict()} if distillation else {})),
-        )
-        launch = _train(fn_args, params, plan, cluster, distributed, outputs["model"], spec)
-        files.write_text(os.path.join(run_dir, artifacts.PLAN_FILE), json.dumps(plan.to_dict(), indent=2))
-        result = _read_results(run_dir, working_dir)
-    files.rmtree(working_dir)
-    backup_mirror.remove(working_dir)
+    with backup_mirror.claimed(working_dir):
+        backup_mirror.restore(working_dir, BACKUP_DIR)
+        with artifacts.publish(outputs["model"]) as model_dir, artifacts.publish(outputs["model_run"]) as run_dir:
+            fn_args = FnArgs(
+                working_dir=working_dir,
+                train_files=train_files,
+                eval_files=eval_files,
+                train_steps=params["train_steps"] or None,
+                eval_steps=params["eval_steps"] or None,
+                schema_path=artifacts.schema_path(inputs["schema"]) if inputs.get("schema") else None,
+                transform_graph_path=inputs.get("transform_graph"),
+                data_accessor=data_accessor,
+                serving_model_dir=artifacts.serving_model_path(model_dir),
+                eval_model_dir=os.path.join(model_dir, "Format-TFMA"),
+                model_run_dir=run_dir,
+                base_model=inputs.get("base_model"),
+                hyperparameters=dict(params["hyperparameters"]),
+                custom_config=dict(params["custom_config"], strategy=plan.strategy, plan=plan.to_dict(),
+                                   backup_save_freq=params["backup_save_freq"],
+                                   input_pipeline_dir=inputs.get("input_pipeline"),
+                                   **({distill_mode.CONFIG_KEY: distillation.to_dict()} if distillation else {})),
+            )
+            launch = _train(fn_args, params, plan, cluster, distributed, outputs["model"], spec)
+            files.write_text(os.path.join(run_dir, artifacts.PLAN_FILE), json.dumps(plan.to_dict(), indent=2))
+            result = _read_results(run_dir, working_dir)
+        files.rmtree(working_dir)
+        backup_mirror.remove(working_dir)
     result.update(plan=plan.to_dict(), launch=launch, skipped_shards=sorted(skipped_shards), input_cache=input_cache,
                   distillation=distillation.to_dict() if distillation else None)
     return {**result, RECORD_KEY: run_record(result).to_json()}

@@ -40,7 +40,7 @@ def main(job_path: str) -> int:
         _serve(config)
         return 0
 
-    from hpml.components.trainer.backup_mirror import local_working_dir
+    from hpml.components.trainer.backup_mirror import claimed, local_working_dir
     from hpml.components.trainer.fn_args import FnArgs, make_data_accessor
     from hpml.components.trainer.strategies import is_chief, make_strategy
 
@@ -58,7 +58,8 @@ def main(job_path: str) -> int:
     accessor = make_data_accessor(fields["custom_config"].get("input_pipeline_dir"), strategy=job["strategy"],
                                   epochs=fields["hyperparameters"].get("epochs"))
     fn_args = FnArgs(**fields, data_accessor=accessor)
-    load_function(job["module"], job["run_fn"])(fn_args)
+    with claimed(fields["working_dir"]):
+        load_function(job["module"], job["run_fn"])(fn_args)
     return 0
 
 
