@@ -14,6 +14,15 @@ from hpml.components import files
 from hpml.components.artifacts import CLASSIFICATION_FILE
 
 
+def batch_confusion(labels, scores, classes: int, dtype="int64"):
+    """[actual, predicted] counts of one batch: labels are class ids, scores one value per class."""
+    import tensorflow as tf
+
+    actual = tf.reshape(tf.cast(labels, tf.int64), [-1])
+    predicted = tf.reshape(tf.argmax(scores, axis=-1, output_type=tf.int64), [-1])
+    return tf.math.confusion_matrix(actual, predicted, num_classes=classes, dtype=dtype)
+
+
 def confusion_matrix(model, dataset, classes: int, steps: int | None = None):
     """[actual, predicted] counts of `model` over (features, labels) batches of `dataset` (labels are class ids,
     outputs probabilities or logits), in one compiled pass: no Python runs per batch."""
@@ -25,9 +34,7 @@ def confusion_matrix(model, dataset, classes: int, steps: int | None = None):
     def count():
         total = tf.zeros((classes, classes), dtype=tf.int64)
         for features, labels in batches:
-            predicted = tf.argmax(model(features, training=False), axis=-1, output_type=tf.int64)
-            total += tf.math.confusion_matrix(tf.reshape(tf.cast(labels, tf.int64), [-1]),
-                                              tf.reshape(predicted, [-1]), num_classes=classes, dtype=tf.int64)
+            total += batch_confusion(labels, model(features, training=False), classes)
         return total
 
     return np.asarray(count())

@@ -15,12 +15,9 @@ class ConfusionCounts(tf_keras.metrics.Metric):
         self.counts = self.add_weight("counts", shape=(classes, classes), initializer="zeros", dtype="float64")
 
     def update_state(self, labels, scores, sample_weight=None):
-        import tensorflow as tf
+        from hpml.components.trainer.classification import batch_confusion
 
-        actual = tf.reshape(tf.cast(labels, tf.int64), [-1])
-        predicted = tf.reshape(tf.argmax(scores, axis=-1, output_type=tf.int64), [-1])
-        return self.counts.assign_add(tf.math.confusion_matrix(actual, predicted, num_classes=self.classes,
-                                                               dtype=tf.float64))
+        return self.counts.assign_add(batch_confusion(labels, scores, self.classes, "float64"))
 
     def result(self):
         return self.counts
