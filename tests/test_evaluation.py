@@ -133,3 +133,28 @@ def test_no_matrix_where_fits_last_epoch_did_not_validate_or_the_model_has_its_o
     report = write_classification_report(str(tmp_path), own, data, ["a", "b", "c"], 13, counted)
     assert report == json.loads((tmp_path / "classification.json").read_text())
     assert report["confusion_matrix"] == confusion_matrix(own, data, CLASSES, 13).tolist()
+
+
+def test_a_callback_used_for_a_second_models_fit_counts_that_model():
+    """A ValidationConfusion handed to fit again, with another model (one with a test_step of its own, then a plain
+    one), reports that fit's model or nothing: never the first model's counts, never zeros."""
+    from hpml.components.trainer.callbacks import ValidationConfusion
+
+    _, _, data = _data()
+    counted = ValidationConfusion(CLASSES)
+    _model().fit(data, epochs=1, validation_data=data, validation_steps=13, callbacks=[counted], verbose=0)
+    assert counted.matrix is not None
+
+    class OwnTestStep(tf_keras.Model):
+        def test_step(self, data):
+            return super().test_step(data)
+
+    inputs = tf_keras.Input(shape=(4,), name="x")
+    own = OwnTestStep({"x": inputs}, tf_keras.layers.Dense(CLASSES, activation="softmax")(inputs))
+    own.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    own.fit(data, epochs=1, validation_data=data, validation_steps=13, callbacks=[counted], verbose=0)
+    assert counted.matrix is None
+    second = _model()
+    second.layers[-1].set_weights([w * -1 for w in second.layers[-1].get_weights()])  # predicts otherwise
+    second.fit(data, epochs=1, validation_data=data, validation_steps=13, callbacks=[counted], verbose=0)
+    np.testing.assert_array_equal(counted.matrix, confusion_matrix(second, data, CLASSES, 13))

@@ -46,24 +46,22 @@ class ValidationConfusion(tf_keras.callbacks.Callback):
         self.matrix = None
 
     def on_train_begin(self, logs=None):
-        self.matrix, self._counted_epoch = None, None
+        self.matrix, self._counted_epoch, self._counts = None, None, None
         model = self.model
         if type(model).test_step is not tf_keras.Model.test_step:
             return
-        if self._counts is None:
-            with model.distribute_strategy.scope():
-                self._counts = ConfusionCounts(self._classes)
-            counts = self._counts
+        with model.distribute_strategy.scope():  # this fit's model: a callback used again starts afresh
+            counts = self._counts = ConfusionCounts(self._classes)
 
-            def test_step(data):  # tf_keras's own test step, with the counts updated from its predictions
-                x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
-                predicted = model(x, training=False)
-                model.compute_loss(x, y, predicted, sample_weight)
-                counts.update_state(y, predicted)
-                return model.compute_metrics(x, y, predicted, sample_weight)
+        def test_step(data):  # tf_keras's own test step, with the counts updated from its predictions
+            x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
+            predicted = model(x, training=False)
+            model.compute_loss(x, y, predicted, sample_weight)
+            counts.update_state(y, predicted)
+            return model.compute_metrics(x, y, predicted, sample_weight)
 
-            model.test_step = test_step
-            model.test_function = None  # traced again, with the counting, at the first validation
+        model.test_step = test_step
+        model.test_function = None  # traced again, with the counting, at the first validation
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
