@@ -6,7 +6,8 @@ task leave nothing half-written that a reader would take for whole:
 - an object store has no rename, so the executor writes in place and a manifest of every file and its size is
   written last; readers (`require_published`) refuse an artifact without one. Each attempt first signs the
   folder as its writer: an attempt that another one has taken over since (its host cut off, its task retried
-  elsewhere) neither publishes nor removes what the newer attempt wrote.
+  elsewhere) neither publishes nor removes what the newer attempt wrote. An attempt's temporary files go to a
+  `scratch_space` beside the artifact, not into it.
 An artifact of TFRecord shards also records each shard's size, so that a reader can tell a shard cut short after
 publishing from a whole one.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import glob
 import json
 import logging
@@ -23,7 +25,7 @@ import shutil
 import socket
 import uuid
 from dataclasses import dataclass
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hpml.components import files
 from hpml.components.errors import InputDataError, SpecError
@@ -287,10 +289,7 @@ def publish(uri: str) -> Iterator[str]:
                 if _writer(uri) == attempt:
                     files.rmtree(uri)
             raise
-        if _writer(uri) != attempt:
-            raise SpecError(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
-                            "attempt leaves it to that one",
-                            hint="an attempt whose host was cut off, or whose task was retried elsewhere, ends here")
+        _check_writer(uri, attempt)
         files.remove(os.path.join(uri, WRITER_FILE))  # the published artifact is the files the manifest lists
         manifest = {"files": dict(files.walk_files(uri))}
         files.write_text(os.path.join(uri, PUBLISHED_FILE), json.dumps(manifest, indent=1, sort_keys=True))
@@ -312,6 +311,61 @@ def publish(uri: str) -> Iterator[str]:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.rename(tmp, uri)
+
+
+@contextlib.contextmanager
+def scratch_space(uri: str) -> Iterator[str]:
+    """Yield a folder beside the artifact at `uri`, on the same storage (so that workers on other hosts reach it),
+    for one attempt's temporary files; removed when the attempt ends. Kept out of the artifact itself so that a
+    cut-off attempt that writes on for a while cannot leave its temporaries inside what a newer attempt published.
+    Scratch folders of earlier attempts are removed first: an attempt still writing into one then fails."""
+    parent, base = os.path.split(uri.rstrip("/"))
+    prefix = f"{base}{_TMP_MARKER}scratch-"
+    with contextlib.suppress(FileNotFoundError):
+        for name in files.listdir(parent):
+            if name.startswith(prefix):
+                _remove_scratch(f"{parent}/{name}" if files.is_url(parent) else os.path.join(parent, name))
+    scratch = f"{parent}/{prefix}{uuid.uuid4().hex[:12]}" if files.is_url(parent) else \
+        os.path.join(parent, prefix + uuid.uuid4().hex[:12])
+    files.makedirs(scratch)
+    try:
+        yield scratch
+    finally:
+        _remove_scratch(scratch)
+
+
+def _remove_scratch(path: str, attempts: int = 5) -> None:
+    """Remove a scratch folder; a late writer (a Beam worker finishing a bundle) can leave files behind the first
+    removal, so try again before giving up loudly."""
+    import time
+
+    for _ in range(attempts):
+        files.rmtree(path)
+        if next(files.walk_files(path), None) is None:  # a listing: TF's gs:// client caches `exists` for 5 s
+            return
+        time.sleep(0.2)
+    raise OSError(f"could not remove the scratch folder {path}")
+
+
+def writer_fence(uri: str) -> Callable[[], None]:
+    """A check to call before each write into the artifact being published at `uri`: it raises once another attempt
+    has taken the artifact over, or published it. On a local disk each attempt writes into a folder of its own, so
+    the check passes. Picklable, for Beam workers."""
+    if not files.is_url(uri):
+        return unfenced
+    return functools.partial(_check_writer, uri, _writer(uri))
+
+
+def unfenced() -> None:
+    """The check for a writer that owns its folder alone."""
+    return None
+
+
+def _check_writer(uri: str, attempt: str | None) -> None:
+    if _writer(uri) != attempt:
+        raise SpecError(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
+                        "attempt leaves it to that one",
+                        hint="an attempt whose host was cut off, or whose task was retried elsewhere, ends here")
 
 
 def _writer(uri: str) -> str | None:

@@ -119,6 +119,57 @@ def test_an_attempt_taken_over_by_its_retry_neither_publishes_nor_removes_what_t
     assert sorted(_objects(gcs, uri)) == [artifacts.PUBLISHED_FILE, "shard"]
 
 
+def test_an_attempt_keeps_its_scratch_beside_the_artifact_and_its_retry_removes_it(gcs, tmp_path):
+    """tf.Transform's temporary files go to a scratch folder of the attempt's own beside the artifact: an attempt
+    cut off and writing on cannot leave them in the artifact its retry published, and the retry removes the
+    scratch folder that attempt left, so that the attempt fails instead of writing on."""
+    uri = f"{gcs.root}/{tmp_path.name}/Transform/transform_graph"
+    first = artifacts.publish(uri)
+    first.__enter__()
+    stale_scratch = artifacts.scratch_space(uri)
+    scratch = stale_scratch.__enter__()
+    assert not scratch.startswith(uri + "/"), scratch
+    files.write_text(f"{scratch}/analyzer_temporary_assets/a", "1")
+    with artifacts.publish(uri) as retry, artifacts.scratch_space(uri) as own:
+        assert not list(files.walk_files(scratch)), "the retry removed the scratch folder of the attempt it took over"
+        files.write_text(f"{retry}/transform_fn", "22")
+        files.write_text(f"{own}/analyzer_temporary_assets/b", "1")
+    files.write_text(f"{scratch}/analyzer_temporary_assets/c", "1")  # the cut-off attempt writes on
+    assert _objects(gcs, uri) == {artifacts.PUBLISHED_FILE: _objects(gcs, uri)[artifacts.PUBLISHED_FILE],
+                                  "transform_fn": 2}
+    assert not list(files.walk_files(own)), "an attempt's scratch folder is removed when it ends"
+    stale_scratch.__exit__(None, None, None)
+    assert files.listdir(f"{gcs.root}/{tmp_path.name}/Transform") == ["transform_graph"]
+
+
+def test_shards_of_an_attempt_taken_over_are_not_moved_into_the_artifact(gcs, tmp_path, penguin_outputs):
+    """Transform's shard writer asks before it moves each shard into the artifact: a Beam pipeline of an attempt
+    whose artifact another attempt has since published fails, and moves nothing into it."""
+    from hpml.components.beam_utils import make_pipeline, run_pipeline
+    from hpml.components.schema_file import read_schema
+    from hpml.components.transform import example_io
+
+    uri = f"{gcs.root}/{tmp_path.name}/transformed_examples"
+    stale = artifacts.publish(uri)
+    stale.__enter__()
+    fence = artifacts.writer_fence(uri)
+    fence()  # while the attempt owns the artifact, it may write
+    with artifacts.publish(uri) as retry:
+        files.write_text(f"{retry}/Split-train/transformed_examples-00000-of-00001.gz", "")
+    schema = read_schema(artifacts.schema_path(penguin_outputs["ExampleGen"]["schema"]))
+    shards = artifacts.require_files(artifacts.examples_file_pattern(penguin_outputs["ExampleGen"]["examples"],
+                                                                     "train"), "train")
+    pipeline = make_pipeline([])
+    _ = (pipeline | example_io.ReadExampleBatches(shards, schema)
+         | example_io.WriteExampleShards(f"{uri}/Split-train/transformed_examples", str(tmp_path / "temp"), fence))
+    with pytest.raises(Exception, match="taken over by another attempt"):
+        run_pipeline(pipeline)
+    shard = "Split-train/transformed_examples-00000-of-00001.gz"
+    assert sorted(_objects(gcs, uri)) == [shard, artifacts.PUBLISHED_FILE]
+    assert _manifest(uri) == {shard: 0}
+    assert len(os.listdir(tmp_path / "temp")) >= 1, "the attempt's own files stay in its scratch folder"
+
+
 def test_a_killed_example_gen_leaves_nothing_the_next_task_reads(gcs, tmp_path, penguin_csv):
     """SIGKILL while Beam is writing the shards: no manifest, so Transform refuses the Examples; the retried task
     publishes them whole, with nothing of the killed attempt left among them."""

@@ -19,7 +19,9 @@ def test_transform_graph_layout(penguin_outputs):
     assert os.path.isfile(os.path.join(graph, "transform_fn", "saved_model.pb"))
     assert os.path.isfile(os.path.join(graph, "transformed_metadata", "schema.pbtxt"))
     assert os.path.isfile(os.path.join(graph, "metadata", "schema.pbtxt"))
-    assert not glob.glob(os.path.join(graph, ".tft_tmp*")), "analyzer scratch space must be cleaned up"
+    assert sorted(os.listdir(graph)) == ["metadata", "transform_fn", "transformed_metadata"]
+    assert sorted(os.listdir(os.path.dirname(graph))) == ["input_pipeline", "transform_graph",
+                                                          "transformed_examples"], "scratch space removed"
     out = tft.TFTransformOutput(graph)
     # Most frequent first: Adelie 152, Gentoo 124, Chinstrap 68 penguins.
     assert [v.decode() for v in out.vocabulary_by_name("species")] == ["Adelie", "Gentoo", "Chinstrap"]

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import apache_beam as beam
 import pyarrow as pa
@@ -104,10 +104,12 @@ class _WriteBundle(beam.DoFn):
         self._abandon()
 
 
-def _publish(written: list[str], prefix: str) -> list[str]:
+def _publish(written: list[str], prefix: str, fence: Callable[[], None]) -> list[str]:
     """Renames the committed bundles' files to `{prefix}-{i:05d}-of-{n:05d}.gz`; no file at all becomes one empty
-    shard, so that every split has one."""
+    shard, so that every split has one. `fence` is called before each write: it raises once this attempt no
+    longer owns the artifact."""
     written = sorted(written)
+    fence()
     files.makedirs(os.path.dirname(prefix))
     if not written:
         path = f"{prefix}-00000-of-00001{artifacts.TFRECORD_GZ_SUFFIX}"
@@ -116,16 +118,18 @@ def _publish(written: list[str], prefix: str) -> list[str]:
     names = []
     for index, path in enumerate(written):
         name = f"{prefix}-{index:05d}-of-{len(written):05d}{artifacts.TFRECORD_GZ_SUFFIX}"
+        fence()
         files.rename(path, name)
         names.append(name)
     return names
 
 
 @beam.ptransform_fn
-def WriteExampleShards(batches, prefix: str, temp_dir: str):
+def WriteExampleShards(batches, prefix: str, temp_dir: str, fence: Callable[[], None] = artifacts.unfenced):
     """Writes PCollection[pa.RecordBatch] as GZIP TFRecord shards `{prefix}-*-of-*.gz` of tf.Examples; files are
-    first written under `temp_dir`, which the caller removes. Yields the list of shard paths."""
+    first written under `temp_dir`, which the caller removes, and moved into place after `fence()` (see
+    `artifacts.writer_fence`). Yields the list of shard paths."""
     return (batches
             | "Encode" >> beam.ParDo(_WriteBundle(temp_dir))
             | "Committed" >> beam.combiners.ToList()
-            | "Publish" >> beam.Map(_publish, prefix))
+            | "Publish" >> beam.Map(_publish, prefix, fence))

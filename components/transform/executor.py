@@ -91,19 +91,6 @@ def _check_output_shapes(outputs, preprocessing_fn) -> None:
                  "tf.reshape(x, [-1, n]); return a tf.SparseTensor or tf.RaggedTensor for a varying length")
 
 
-def _remove_scratch(path: str, attempts: int = 5) -> None:
-    """Remove tf.Transform's scratch space from the artifact; a late writer can leave files behind
-    the first removal, so try again before giving up loudly."""
-    import time
-
-    for _ in range(attempts):
-        files.rmtree(path)
-        if not files.exists(path):
-            return
-        time.sleep(0.2)
-    raise OSError(f"could not remove tf.Transform scratch space {path}")
-
-
 def _numeric_ranges(record_batch) -> dict:
     """{feature: [min, max, finite values, non-finite values]} over one batch of transformed examples' numeric
     features; min and max are of the finite values (None where there are none)."""
@@ -213,17 +200,16 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
 
     with artifacts.publish(outputs["transform_graph"]) as graph_dir, \
             artifacts.publish(outputs["transformed_examples"]) as examples_dir, \
-            artifacts.publish(outputs["input_pipeline"]) as pipeline_dir:
+            artifacts.publish(outputs["input_pipeline"]) as pipeline_dir, \
+            artifacts.scratch_space(outputs["transform_graph"]) as scratch:
         metadata_io.write_metadata(
             dataset_metadata.DatasetMetadata(schema), os.path.join(graph_dir, tft.TFTransformOutput.RAW_METADATA_DIR)
         )
         pipeline = make_pipeline(params["beam_pipeline_args"], sum(files.size(path) for split in splits
                                                                   for path in shards[split]),
                                  parallel_from=beam_utils.TRANSFORM_PARALLEL_BYTES)
-        scratch = os.path.join(graph_dir, ".tft_tmp")
         ranges, counts = _analyze_and_transform(pipeline, shards, schema, tensor_adapter_config, preprocessing_fn,
                                                 params["analyze_splits"], graph_dir, examples_dir, scratch)
-        _remove_scratch(scratch)
         artifacts.record_split_examples(examples_dir, {split: counts.get(split, 0) for split in splits})
         artifacts.record_shard_sizes(examples_dir)
         constant = _checked_ranges(ranges, list(params["analyze_splits"]), splits)
@@ -264,7 +250,7 @@ def _analyze_and_transform(pipeline, shards: dict, schema, tensor_adapter_config
             counts.append(batches | f"Count[{split}]" >> beam.Map(lambda batch, split=split: (split, batch.num_rows)))
             prefix = os.path.join(artifacts.split_dir(examples_dir, split), artifacts.TRANSFORMED_EXAMPLES_FILE_PREFIX)
             _ = batches | f"Write[{split}]" >> example_io.WriteExampleShards(
-                prefix, os.path.join(scratch, "written", split))
+                prefix, os.path.join(scratch, "written", split), fence=artifacts.writer_fence(examples_dir))
         ranges_path = os.path.join(scratch, "feature_ranges.json")
         _ = (ranges | "FlattenRanges" >> beam.Flatten() | "FeatureRanges" >> beam.CombineGlobally(_FeatureRanges())
              | "WriteRanges" >> beam.Map(_write_json, ranges_path))
