@@ -248,6 +248,14 @@ def test_a_copy_a_running_task_holds_is_not_evicted_until_the_task_ends(s3, tmp_
     assert os.listdir(tmp_path / "cache" / "s3") == [os.path.basename(w)]
 
 
+def _kill_and_age(task, folders: list[str]) -> None:
+    """SIGKILL `task`, then make `folders` older than the minute a task may take to hold a folder it just made."""
+    task.kill()
+    task.wait(timeout=60)
+    for folder in folders:
+        os.utime(folder, (time.time() - 120, time.time() - 120))
+
+
 def test_output_folders_that_killed_tasks_left_are_removed_by_the_next_and_live_ones_stay(s3, tmp_path,
                                                                                            monkeypatch):
     """A task killed while its executor ran leaves its local output folder: the next task on the machine removes
@@ -259,11 +267,7 @@ def test_output_folders_that_killed_tasks_left_are_removed_by_the_next_and_live_
     killed, killed_out = _task(STAGE_AN_OUTPUT, f"{root}/killed")
     live, live_out = _task(STAGE_AN_OUTPUT, f"{root}/live")
     try:
-        killed.kill()
-        killed.wait(timeout=60)
-        folders = {os.path.dirname(killed_out), os.path.dirname(live_out)}
-        for folder in folders:  # older than the minute a task may take to hold the folder it just made
-            os.utime(folder, (time.time() - 120, time.time() - 120))
+        _kill_and_age(killed, [os.path.dirname(killed_out), os.path.dirname(live_out)])
         with staging.staged({}, {"out": f"{root}/next"}) as (_, outputs):
             os.makedirs(outputs["out"])
             assert set(os.listdir(tmp_path / "cache" / "s3-staging")) == {
@@ -299,10 +303,7 @@ def test_the_local_working_folder_of_a_killed_trainer_is_removed_by_the_next_and
     killed, killed_dir = _task(CLAIM_A_WORKING_DIR, f"{root}/killed.work")
     live, live_dir = _task(CLAIM_A_WORKING_DIR, f"{root}/live.work")
     try:
-        killed.kill()
-        killed.wait(timeout=60)
-        for folder in (killed_dir, live_dir):
-            os.utime(folder, (time.time() - 120, time.time() - 120))
+        _kill_and_age(killed, [killed_dir, live_dir])
         with backup_mirror.claimed(f"{root}/next.work"):
             mine = backup_mirror.local_working_dir(f"{root}/next.work")
             assert os.path.isdir(mine) and os.path.isdir(live_dir) and not os.path.exists(killed_dir)

@@ -104,17 +104,17 @@ def read_chunks(piece: Piece, encoding: str, chunk_bytes: int | None = None) -> 
     chunk_bytes = chunk_bytes or CHUNK_BYTES
     text = not ascii_compatible(encoding)
     with open_binary(piece.path) as raw:
+        read: Callable[[int], bytes | str]
         if text:
             import io
 
-            handle = io.TextIOWrapper(raw, encoding=python_codec(encoding), errors="surrogateescape", newline="")
-            read = handle.read
+            read = io.TextIOWrapper(raw, encoding=python_codec(encoding), errors="surrogateescape", newline="").read
         else:
             if piece.start:
                 raw.seek(piece.start)
             remaining = [piece.end - piece.start if piece.end is not None else None]
 
-            def read(size):
+            def read_share(size: int) -> bytes:
                 if remaining[0] is not None:
                     size = min(size, remaining[0])
                     if size <= 0:
@@ -123,6 +123,8 @@ def read_chunks(piece: Piece, encoding: str, chunk_bytes: int | None = None) -> 
                 if remaining[0] is not None:
                     remaining[0] -= len(block)
                 return block
+
+            read = read_share
         underlying = getattr(raw, "fileobj", raw)  # a GZIP file's share is of its compressed bytes
         yield from _chunks(piece, read, chunk_bytes, is_utf8(encoding) and not text, underlying.tell)
 
@@ -135,6 +137,9 @@ def _chunks(piece: Piece, read, chunk_bytes: int, utf8: bool, position: Callable
         if piece_lines is None:
             piece_lines = lines_before_offset(piece.path, piece.start) if piece.start else 0
         return piece_lines
+
+    def counted_from(before: int) -> Callable[[], int]:
+        return lambda: lines_at_start() + before
 
     size = max(piece.size, 1)
     carry, lines = None, 0
@@ -157,7 +162,7 @@ def _chunks(piece: Piece, read, chunk_bytes: int, utf8: bool, position: Callable
             data, header = data[end:], False
         if not block:  # the end: what is left is the last record(s), with or without a final newline
             if data:
-                yield Chunk(data, lambda before=lines: lines_at_start() + before, 1.0)
+                yield Chunk(data, counted_from(lines), 1.0)
             return
         end = last_record_end(data)
         if end is None:
@@ -166,7 +171,7 @@ def _chunks(piece: Piece, read, chunk_bytes: int, utf8: bool, position: Callable
         chunk, carry = data[:end], data[end:]
         before = lines
         lines += chunk.count(_tokens(chunk)[0])
-        yield Chunk(chunk, lambda before=before: lines_at_start() + before, (position() - piece.start) / size)
+        yield Chunk(chunk, counted_from(before), (position() - piece.start) / size)
 
 
 def plan_pieces(path: str, encoding: str, piece_bytes: int | None = None) -> list[Piece]:
@@ -221,7 +226,8 @@ def group_pieces(pieces: Sequence[Piece], num_shards: int = 0, piece_bytes: int 
             items[min(int(done * num_shards / total), num_shards - 1)].append(piece)
             done += size
         return items
-    items, current, current_size = [], [], 0
+    current: list[Piece] = []
+    items, current_size = [], 0
     for piece, size in zip(pieces, sizes):
         if current and current_size + size > piece_bytes:
             items.append(current)

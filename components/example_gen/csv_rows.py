@@ -67,7 +67,7 @@ def column_kind_of(text: str) -> int:
     """The kind a cell asks of its column. NaN and unstorable numbers ask for no float: NaN is a missing
     value and an unstorable number's row is refused, so neither may widen a column of integers to floats."""
     kind, number = parse(text)
-    if kind == FLOAT and (math.isnan(number) or unstorable(number, text)):
+    if isinstance(number, float) and (math.isnan(number) or unstorable(number, text)):  # kind FLOAT
         return INT
     return kind
 
@@ -94,20 +94,22 @@ class RowRules:
         rows: empty). Missing is one of na_values, or NaN in a numeric column: NaN is how pandas and numpy
         write a missing number, and kept as a value it would turn the column's mean (and every z-score
         computed from it) into NaN."""
-        values, problems = {}, {}
-        for name, text in zip(self._header, fields):
-            text = text.strip()
-            if text in self._na:
+        values: dict[str, str | None] = {}
+        problems: dict[str, str] = {}
+        for name, field in zip(self._header, fields):
+            stripped = field.strip()
+            text: str | None = stripped
+            if stripped in self._na:
                 text = None
             elif name in self._numeric_names:
-                kind, number = parse(text)
+                kind, number = parse(stripped)
                 if kind == BYTES:
-                    problems[name] = _not_a_number(text)
-                elif kind == FLOAT:
+                    problems[name] = _not_a_number(stripped)
+                elif isinstance(number, float):  # kind FLOAT
                     if math.isnan(number):
                         text = None
                     else:
-                        problem = unstorable(number, text)
+                        problem = unstorable(number, stripped)
                         if problem:
                             problems[name] = problem
             values[name] = text
@@ -161,7 +163,7 @@ class RowRules:
             if text is None or kinds[name] not in (INT, FLOAT):
                 continue
             kind, number = parse(text)
-            if kind == FLOAT and not math.isnan(number):
+            if isinstance(number, float) and not math.isnan(number):  # kind FLOAT
                 problem = unstorable(number, text)
                 if problem:
                     return f"column {name!r} {problem}"

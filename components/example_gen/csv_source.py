@@ -133,6 +133,7 @@ class ColumnKinds(beam.DoFn):
         bad_chunks = []
         progress = Progress(f"{csv_chunks.item_name(item)}: column kinds", "rows", component="ExampleGen", logger=log)
         rows = 0
+        numeric: dict[str, csv_cells.Cells]
         for number, piece in enumerate(item):
             for chunk_number, chunk in enumerate(csv_chunks.read_chunks(piece, settings.encoding)):
                 columns, numeric = reader.fast(chunk), {}

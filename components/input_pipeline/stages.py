@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from hpml.components import artifacts, files
 
@@ -22,7 +23,7 @@ ADVICE = {
 }
 
 
-def _nodes_in_order(proto) -> list[tuple[object, int]]:
+def _nodes_in_order(proto) -> list[tuple[Any, int]]:  # tf.data's model proto nodes
     """The model's nodes from the output towards the sources, each once, with its depth (0: the output)."""
     order, queue, seen = [], [(proto.output, 0)], set()
     while queue:
@@ -126,7 +127,7 @@ def plot_stages(stages: list[dict], path: str, title: str = "tf.data per-stage b
 
     fig, (share_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.45 * len(stages) + 1.5)),
                                             gridspec_kw={"width_ratios": [1, 2]})
-    colours = plt.cm.tab20.colors
+    colours = [plt.cm.tab20(i) for i in range(20)]
     bottom = 0.0
     for i, row in enumerate(stages):
         share_ax.bar(0, row["share"] * 100, bottom=bottom, color=colours[i % len(colours)], label=row["stage"])
