@@ -64,6 +64,7 @@ METRICS_FILE = "metrics.jsonl"  # one JSON line per finished epoch: loss, metric
 PLAN_FILE = "plan.json"  # the strategy plan and its reasons
 TUNED_STEP_FILE = "tuned_step.json"  # the tuned training step: the choice, every measurement, the reasons
 STALL_FILE = "input_stall.json"  # the share of a training step that waits on input
+FIT_WINDOW_FILE = "fit_window.json"  # when fit began and ended, wall clock: {"started_at": s, "ended_at": s}
 # In an InputPipeline: the tuned spec, and the per-stage breakdown (numbers and plot).
 INPUT_PIPELINE_SPEC_FILE = "input_pipeline.json"
 STAGES_FILE = "stages.json"

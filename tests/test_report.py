@@ -21,11 +21,12 @@ def report(penguin_dag_run):
 def test_the_dag_run_wrote_its_report_under_the_run_dir(report):
     summary = report["run"]["summary"]
     assert report["path"] == os.path.join(summary.tags["hpml.run_dir"], "report", "report.html")
-    for name in ("curves.png", "throughput.png", "durations.png", "input_stages.png", "confusion.png"):
+    for name in ("curves.png", "throughput.png", "durations.png", "trainer_time.png", "input_stages.png",
+                 "confusion.png"):
         raw = open(os.path.join(report["folder"], name), "rb").read()
         assert raw.startswith(PNG) and len(raw) > 5000, name
     # Self-contained: every plot is embedded, nothing is linked.
-    assert len(re.findall(r'src="data:image/png;base64,', report["html"])) == 5
+    assert len(re.findall(r'src="data:image/png;base64,', report["html"])) == 6
     assert "<img" in report["html"] and 'src="http' not in report["html"]
 
 
@@ -46,6 +47,27 @@ def test_report_shows_params_plan_input_pipeline_and_durations(report):
     assert "Strategy plan: one_device" in page and "<li>" in page
     assert "<h2>Input pipeline</h2>" in page and "Input stall:" in page and "Slowest stage:" in page
     assert "Component durations" in page and "ExampleGen" in report["data"]["durations"]
+
+
+def test_the_report_shows_where_the_trainers_time_went(report):
+    """Each part of the Trainer's time is what its own record says: the epochs are metrics.jsonl's seconds, the
+    tuning and the stall probe their files' seconds; together they fit inside the Trainer's duration."""
+    from hpml.components import artifacts
+    from hpml.components.trainer.callbacks import read_metrics
+    from hpml.components.trainer.time_breakdown import PARTS
+
+    spent = report["data"]["trainer_time"]
+    run_dir = report["run"]["summary"].outputs["Trainer"]["model_run"]
+    assert list(spent) == list(PARTS) and min(spent.values()) >= 0.0, spent
+    assert spent["epochs"] == pytest.approx(sum(epoch["seconds"] for epoch in read_metrics(run_dir)))
+    assert len(read_metrics(run_dir)) == report["run"]["conf"]["epochs"]
+    for part, name in (("step_tuning", artifacts.TUNED_STEP_FILE), ("input_stall_probe", artifacts.STALL_FILE)):
+        assert spent[part] == pytest.approx(json.load(open(os.path.join(run_dir, name)))["seconds"]), part
+    assert spent["input_stall_probe"] > 0.0 and spent["preparing"] > 0.0 and spent["after_training"] > 0.0
+    trainer = report["run"]["summary"].durations["Trainer"]
+    assert 0.5 * trainer < sum(spent.values()) <= trainer + 0.05, (spent, trainer)
+    assert "<h2>Where the Trainer's time went</h2>" in report["html"]
+    assert all(f"<td>{part.replace('_', ' ')}</td>" in report["html"] for part in PARTS)
 
 
 def test_a_classifier_report_has_per_class_metrics_and_a_confusion_matrix(report):

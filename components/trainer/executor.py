@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import asdict
 from typing import Any
 from collections.abc import Mapping
 
 from hpml.components import artifacts, files, staging
 from hpml.components.errors import SpecError
-from hpml.components.trainer import backup_mirror
+from hpml.components.trainer import backup_mirror, time_breakdown
 from hpml.components.trainer.resume import BACKUP_DIR
 from hpml.components.trainer import plan as plan_mod
 from hpml.components.trainer.callbacks import close_terminal_progress, read_metrics
@@ -118,9 +119,15 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
                                    input_pipeline_dir=inputs.get("input_pipeline"),
                                    **({distill_mode.CONFIG_KEY: distillation.to_dict()} if distillation else {})),
             )
+            started_at = time.time()
             launch = _train(fn_args, params, plan, cluster, distributed, outputs["model"], spec)
+            ended_at = time.time()
             files.write_text(os.path.join(run_dir, artifacts.PLAN_FILE), json.dumps(plan.to_dict(), indent=2))
             result = _read_results(run_dir, working_dir)
+            if cluster is None:  # fit's window is on this machine's clock
+                result["time_breakdown"] = time_breakdown.breakdown(
+                    started_at, ended_at, _read_json(os.path.join(run_dir, artifacts.FIT_WINDOW_FILE)),
+                    result["history"], result["tuned_step"], result["input_stall"])
         files.rmtree(working_dir)
         backup_mirror.remove(working_dir)
     result.update(plan=plan.to_dict(), launch=launch, skipped_shards=sorted(skipped_shards), input_cache=input_cache,

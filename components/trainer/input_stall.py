@@ -43,7 +43,8 @@ def _one_step_per_call(model):
 
 def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmup: int = WARMUP_STEPS,
                         block_steps: int = BLOCK_STEPS, memory_source=None) -> dict:
-    """{stall_fraction, real/in-memory seconds per step, each block's seconds}; `dataset` yields training batches.
+    """{stall_fraction, real/in-memory seconds per step, each block's seconds, the seconds measuring took};
+    `dataset` yields training batches.
 
     `repeats` x `steps` steps are timed from each feed, in alternating blocks of `block_steps`.
     One iterator reads the pipeline throughout, so its per-epoch work is timed where it falls.
@@ -53,6 +54,7 @@ def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmu
     that read fills; pass a twin built the same way to time a cold first epoch).
     `block_steps >= repeats x steps` times each feed in one piece.
     """
+    started = time.perf_counter()
     steps, block_steps = max(1, steps), max(1, block_steps)
     batches = (dataset if memory_source is None else memory_source).skip(warmup).take(steps).cache()
     count = int(batches.reduce(0, lambda n, _: n + 1))  # fills the in-memory cache
@@ -79,7 +81,8 @@ def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmu
     real_step, memory_step = sum(blocks["real"]) / timed, sum(blocks["memory"]) / timed
     return {"stall_fraction": max(0.0, 1.0 - memory_step / real_step), "real_step_s": real_step,
             "in_memory_step_s": memory_step, "steps": steps, "warmup_steps": warmup, "repeats": repeats,
-            "block_steps": block_steps, "real_block_s": blocks["real"], "in_memory_block_s": blocks["memory"]}
+            "block_steps": block_steps, "real_block_s": blocks["real"], "in_memory_block_s": blocks["memory"],
+            "seconds": time.perf_counter() - started}
 
 
 # DESIGN.md's B3 yardstick: a tuned pipeline keeps the stall under this share of a step.

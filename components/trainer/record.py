@@ -1,5 +1,5 @@
 """What the Trainer adds to the run record: per-epoch metrics, the eval metrics, the plan, the launch's restarts,
-the GPipe schedule, the input stall, the tuned step, and the ModelRun's small files."""
+the GPipe schedule, the input stall, the tuned step, where its time went, and the ModelRun's small files."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -9,7 +9,10 @@ from hpml.components import artifacts
 from hpml.components.results import RunRecord, history_series
 
 MODEL_RUN_FILES = (artifacts.METRICS_FILE, artifacts.EVAL_METRICS_FILE, artifacts.CLASSIFICATION_FILE,
-                   artifacts.PLAN_FILE, artifacts.GPIPE_RECORD_FILE, artifacts.STALL_FILE, artifacts.TUNED_STEP_FILE)
+                   artifacts.PLAN_FILE, artifacts.GPIPE_RECORD_FILE, artifacts.STALL_FILE, artifacts.TUNED_STEP_FILE,
+                   artifacts.FIT_WINDOW_FILE)
+# The run record's metric for each part of the Trainer's time (`time_breakdown.PARTS`), in seconds.
+TIME_METRIC = "trainer_seconds.{}"
 _GPIPE_TAGS = ("num_stages", "num_micro_batches", "balance", "remat", "schedule", "stage_costs_s")
 
 
@@ -29,6 +32,8 @@ def run_record(result: Mapping[str, Any]) -> RunRecord:
     if step:
         tags.update({f"hpml.step.{knob}": str(value) for knob, value in step["choice"].items()})
         metrics["step_tuning_seconds"] = step["seconds"]
+    for part, seconds in (result.get("time_breakdown") or {}).items():
+        metrics[TIME_METRIC.format(part)] = seconds
     if "skipped_shards" in result:
         metrics["skipped_shards"] = len(result["skipped_shards"])
     if result.get("input_cache"):  # the Trainer read its data once: later than Transform's, this tag wins

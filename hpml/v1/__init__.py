@@ -57,6 +57,7 @@ _EXPORTS = {
     "final_eval_metrics": "hpml.components.trainer.evaluation:final_eval_metrics",
     "write_classification_report": "hpml.components.trainer.classification:write_classification_report",
     "ValidationConfusion": "hpml.components.trainer.callbacks:ValidationConfusion",
+    "FitWindow": "hpml.components.trainer.callbacks:FitWindow",
     "GradientAccumulationModel": "hpml.components.trainer.grad_accum:GradientAccumulationModel",
     "ModelMemory": "hpml.components.trainer.plan:ModelMemory",
     "PipelineModel": "hpml.components.trainer.gpipe.pipeline_model:PipelineModel",

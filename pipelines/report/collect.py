@@ -7,6 +7,8 @@ import re
 
 from hpml.components import artifacts, files
 from hpml.pipelines import records, shipping
+from hpml.components.trainer.record import TIME_METRIC
+from hpml.components.trainer.time_breakdown import PARTS
 from hpml.pipelines.report.plots import CURVE_GROUPS
 
 
@@ -50,6 +52,8 @@ def collect(mlflow_run_id: str) -> dict:
         "input_stages": _in(pipeline_dir, artifacts.STAGES_FILE),
         "input_stages_png": os.path.join(pipeline_dir, artifacts.STAGES_PLOT_FILE) if pipeline_dir else None,
         "input_decisions": _input_decisions(summary, pipeline_dir),
+        "trainer_time": {part: metrics[TIME_METRIC.format(part)] for part in PARTS
+                         if TIME_METRIC.format(part) in metrics},
         "distributed": {k: metrics[k] for k in ("restarts", "steps_lost", "recovery_seconds", "rejoin_seconds")
                         if k in metrics},
         "failed_node": summary.tags.get("hpml.failed_node"), "error": summary.tags.get("hpml.error"),

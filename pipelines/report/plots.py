@@ -84,7 +84,7 @@ def plot_series(series: dict[str, list], panels: list[tuple[str, ...]], title: s
     _save(fig, path)
 
 
-def plot_durations(durations: dict[str, float], path: str) -> None:
+def plot_durations(durations: dict[str, float], path: str, title: str = "Component durations") -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(durations) + 1.5))
     names = list(durations)
@@ -93,7 +93,7 @@ def plot_durations(durations: dict[str, float], path: str) -> None:
         ax.annotate(f" {durations[name]:.1f} s", (durations[name], y), va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
-    ax.set_title("Component durations")
+    ax.set_title(title)
     _save(fig, path)
 
 
@@ -150,6 +150,10 @@ def draw_all(data: dict, out: str) -> dict[str, str]:
     if data["durations"]:
         pngs["durations.png"] = os.path.join(out, "durations.png")
         plot_durations(data["durations"], pngs["durations.png"])
+    if data.get("trainer_time"):
+        pngs["trainer_time.png"] = os.path.join(out, "trainer_time.png")
+        plot_durations({part.replace("_", " "): s for part, s in data["trainer_time"].items()},
+                       pngs["trainer_time.png"], "Where the Trainer's time went")
     if data["input_stages_png"] and files.isfile(data["input_stages_png"]):  # drawn by Transform's tuner
         pngs["input_stages.png"] = os.path.join(out, "input_stages.png")
         with files.open_file(data["input_stages_png"], "rb") as source, \

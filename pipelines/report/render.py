@@ -7,6 +7,7 @@ import html
 import os
 
 from hpml.components.trainer.input_stall import describe_stall
+from hpml.components.trainer.time_breakdown import DESCRIPTIONS
 from hpml.pipelines import shipping
 from hpml.pipelines.report.plots import CURVE_GROUPS, curve_title
 from hpml.pipelines.templates import render as render_template
@@ -211,6 +212,16 @@ def _time(data: dict, pngs: dict) -> list[str]:
             [(k.replace("_", " "), f"{v:g}") for k, v in data["distributed"].items()], ("measure", "value")))
     if "durations.png" in pngs:
         parts.append("<h2>Component durations</h2>" + _img(pngs["durations.png"], "component durations"))
+    if data.get("trainer_time"):
+        spent = data["trainer_time"]
+        total = sum(spent.values()) or 1.0
+        rows = [(part.replace("_", " "), f"{seconds:.1f} s", f"{seconds / total:.0%}", DESCRIPTIONS[part])
+                for part, seconds in spent.items()]
+        parts.append(f"<h2>Where the Trainer's time went</h2><p>{total:.1f} s in all; its epochs took "
+                     f"{spent.get('epochs', 0.0) / total:.0%}.</p>")
+        parts.append(_table(rows, ("part", "seconds", "share", "what")))
+        if "trainer_time.png" in pngs:
+            parts.append(_img(pngs["trainer_time.png"], "where the Trainer's time went"))
     return parts
 
 

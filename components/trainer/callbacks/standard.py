@@ -6,6 +6,7 @@ import logging
 from hpml.components.trainer.callbacks.backup_and_restore import BackupAndRestore
 from hpml.components.trainer.callbacks.divergence import StopOnDivergence, StopOnDivergenceEveryStep
 from hpml.components.trainer.callbacks.epoch_metrics import EpochMetricsLogger
+from hpml.components.trainer.callbacks.fit_window import FitWindow
 from hpml.components.trainer.callbacks.tensorboard import TensorBoard
 from hpml.components.trainer.callbacks.terminal_progress import TerminalProgress, progress_mode
 from hpml.components.trainer.progress_reporter import ProgressReporter
@@ -79,6 +80,7 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
     callbacks += [
         TensorBoard(fn_args.model_run_dir),
         EpochMetricsLogger(fn_args.model_run_dir, batch_size, epochs, examples_per_epoch),
+        FitWindow(fn_args.model_run_dir),
     ]
     # Under parameter servers the coordinator reschedules a failed worker's steps itself, and
     # batch-level callbacks are not allowed.

@@ -1,0 +1,26 @@
+"""Where the Trainer's time went, from fit's window and each part's own seconds."""
+from hpml.components.trainer.time_breakdown import PARTS, breakdown
+
+HISTORY = [{"seconds": 3.0}, {"seconds": 2.0}]
+
+
+def test_the_parts_add_up_to_the_trainers_time():
+    spent = breakdown(100.0, 120.0, {"started_at": 104.0, "ended_at": 116.5}, HISTORY, {"seconds": 1.5},
+                      {"seconds": 0.75})
+    assert list(spent) == list(PARTS)
+    assert spent == {"preparing": 2.5, "step_tuning": 1.5, "epochs": 5.0, "input_stall_probe": 0.75,
+                     "other_in_fit": 6.75, "after_training": 3.5}
+    assert sum(spent.values()) == 20.0
+
+
+def test_without_a_window_of_this_attempt_there_is_no_breakdown():
+    assert breakdown(100.0, 120.0, None, HISTORY, None, None) is None
+    # A window outside this run_fn's time: written on another machine's clock, or by another attempt.
+    assert breakdown(100.0, 120.0, {"started_at": 40.0, "ended_at": 60.0}, HISTORY, None, None) is None
+
+
+def test_parts_measured_past_their_window_are_cut_to_it():
+    """A history that holds an earlier attempt's epochs, or a tuning reused from the cache: no part is negative."""
+    spent = breakdown(0.0, 10.0, {"started_at": 1.0, "ended_at": 5.0}, HISTORY * 3, {"seconds": 2.0}, None)
+    assert spent == {"preparing": 0.0, "step_tuning": 1.0, "epochs": 4.0, "input_stall_probe": 0.0,
+                     "other_in_fit": 0.0, "after_training": 5.0}
