@@ -11,6 +11,6 @@ from hpml.components.trainer.callbacks.terminal_progress import (TerminalProgres
 from hpml.components.trainer.callbacks.validation_confusion import ValidationConfusion
 
 __all__ = ["BackupAndRestore", "CoordinatorValidation", "EpochMetricsLogger", "FitWindow", "METRICS_FILE",
-           "StopOnDivergence",
-           "StopOnDivergenceEveryStep", "TensorBoard", "TerminalProgress", "close_terminal_progress", "epoch_size",
-           "progress_mode", "read_metrics", "standard_callbacks", "ValidationConfusion"]
+           "StopOnDivergence", "StopOnDivergenceEveryStep", "TensorBoard", "TerminalProgress",
+           "close_terminal_progress", "epoch_size", "progress_mode", "read_metrics", "standard_callbacks",
+           "ValidationConfusion"]
