@@ -500,6 +500,22 @@ def test_stage_breakdown_names_the_slowest_stage_and_plots_it(tuned, shards, tmp
     assert maps == [f"ParallelMapV2 #{k}" for k in range(1, len(maps) + 1)], "numbered from the output"
 
 
+def test_stages_that_drop_out_of_the_model_keep_their_figures_and_the_rest_are_counted_to_the_end():
+    """A stage whose input is exhausted leaves tf.data's model: the parse map once a cache is full, every stage
+    under the repeat at the end. The breakdown was the last snapshot showing every kind of stage, taken before the
+    map finished: its output counts stopped there (4 of 200 elements once, in CI)."""
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    dataset = (tf.data.Dataset.range(40).map(lambda x: x * 2, num_parallel_calls=2).cache().repeat(5)
+               .prefetch(1).with_options(options))
+    rows = {row["stage"]: row for row in stages.profile_pipeline(dataset)}
+    assert "ParallelMapV2" in rows and rows["ParallelMapV2"]["num_elements"] >= 4, rows  # seen until it ended
+    assert any("MemoryCache" in name for name in rows), rows
+    assert rows["Prefetch"]["num_elements"] == rows["FiniteRepeat"]["num_elements"] == 200, rows
+    assert list(rows)[0] == "Prefetch" and abs(sum(row["share"] for row in rows.values()) - 1) < 1e-6
+    assert stages.profile_pipeline(dataset, max_elements=50)[0]["num_elements"] <= 51
+
+
 def test_stage_rows_sum_the_readers_of_all_shards_and_keep_two_maps_apart():
     """The shape of the tuned shuffled pipeline, as tf.data's model reports it: readers of three shards under
     an interleave, the parse map over it and the window-gather map nearer the output. Summed by name, the two

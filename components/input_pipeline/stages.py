@@ -2,7 +2,7 @@
 
 `tf.data.experimental.get_model_proto` reports each stage's processing time, element count,
 buffered bytes and parallelism. Stages whose input is exhausted drop out of the model, so the
-breakdown keeps the fullest snapshot taken while the pipeline runs.
+breakdown keeps each stage's latest figures over the snapshots taken while the pipeline runs.
 """
 from __future__ import annotations
 
@@ -37,10 +37,8 @@ def _nodes_in_order(proto) -> list[tuple[Any, int]]:  # tf.data's model proto no
     return order
 
 
-def stages_from_proto(proto) -> list[dict]:
-    """One row per stage, output first; Root is the consumer. The readers of every shard, at one depth under
-    their interleave, are one stage, summed. Two stages of one kind at different depths (the parse map and
-    the map that gathers a shuffled window, say) are two rows, numbered from the output: `ParallelMapV2 #2`."""
+def _stage_rows(proto) -> dict[tuple[str, int], dict]:
+    """The stages of one model snapshot keyed by (kind, depth), output first; readers at one depth summed."""
     rows: dict[tuple[str, int], dict] = {}
     for node, depth in _nodes_in_order(proto):
         if node.name == "Root":
@@ -56,17 +54,30 @@ def stages_from_proto(proto) -> list[dict]:
         for parameter in node.parameters:
             if parameter.name in PARALLELISM_PARAMETERS and row["parallelism"] is None:
                 row["parallelism"] = {"name": parameter.name, "value": int(parameter.value)}
+    return rows
+
+
+def _finished(rows: dict[tuple[str, int], dict]) -> list[dict]:
+    """Rows output first, two stages of one kind numbered from the output, each with its share of the time."""
+    ordered = sorted(rows.items(), key=lambda item: item[0][1])  # by depth; stable within one
     repeated = {name for name, _ in rows if sum(other == name for other, _ in rows) > 1}
     seen: dict[str, int] = {}
-    for (name, _), row in rows.items():  # output first, so #1 is the stage nearest the consumer
+    for (name, _), row in ordered:
         if name in repeated:
             seen[name] = seen.get(name, 0) + 1
             row["stage"] = f"{name} #{seen[name]}"
-    total = sum(r["processing_time_s"] for r in rows.values()) or 1.0
-    for row in rows.values():
+    total = sum(row["processing_time_s"] for _, row in ordered) or 1.0
+    for _, row in ordered:
         row["share"] = row["processing_time_s"] / total
         row["us_per_element"] = 1e6 * row["processing_time_s"] / row["num_elements"] if row["num_elements"] else 0.0
-    return list(rows.values())
+    return [row for _, row in ordered]
+
+
+def stages_from_proto(proto) -> list[dict]:
+    """One row per stage, output first; Root is the consumer. The readers of every shard, at one depth under
+    their interleave, are one stage, summed. Two stages of one kind at different depths (the parse map and
+    the map that gathers a shuffled window, say) are two rows, numbered from the output: `ParallelMapV2 #2`."""
+    return _finished(_stage_rows(proto))
 
 
 def unprofiled_reason() -> str | None:
@@ -79,22 +90,21 @@ def unprofiled_reason() -> str | None:
 
 
 def profile_pipeline(dataset, max_elements: int | None = None, every: int = 4) -> list[dict]:
-    """Run the dataset (up to `max_elements`) and return the fullest per-stage breakdown seen."""
+    """Run the dataset (up to `max_elements`) and return its per-stage breakdown: each stage as last seen.
+
+    A stage whose input is exhausted (a reader once a cache is full, say) drops out of tf.data's model, so one
+    snapshot can miss it; the breakdown keeps each stage's latest figures from every snapshot taken."""
     import tensorflow as tf
 
     iterator = iter(dataset)
-    best, best_kinds = None, -1
+    latest: dict[tuple[str, int], dict] = {}
     for count, _ in enumerate(iterator, start=1):
-        if count % every == 0:
-            proto = tf.data.experimental.get_model_proto(iterator)
-            kinds = len({node.name for node in proto.nodes.values()})
-            if kinds >= best_kinds:  # the latest snapshot that still shows every kind of stage
-                best, best_kinds = proto, kinds
         if max_elements and count >= max_elements:
             break
-    if best is None:
-        best = tf.data.experimental.get_model_proto(iterator)
-    return stages_from_proto(best)
+        if count % every == 0:
+            latest.update(_stage_rows(tf.data.experimental.get_model_proto(iterator)))
+    latest.update(_stage_rows(tf.data.experimental.get_model_proto(iterator)))
+    return _finished(latest)
 
 
 # Below this much processing for the whole profiled sample, which stage is slowest changes from run to run
