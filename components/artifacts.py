@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
@@ -270,19 +271,26 @@ def _clear_stale_temporaries(uri: str) -> None:
 
 
 @contextlib.contextmanager
-def publish(uri: str) -> Iterator[str]:
+def publish(uri: str, started_at: float | None = None) -> Iterator[str]:
     """Yield the directory to write the artifact into; on success publish it whole.
 
     On a local disk that is a fresh temporary sibling, renamed to `uri` at the end; leftovers of an earlier failed
     attempt are removed first, and an earlier published output is replaced whole. On an object store it is `uri`
     itself, emptied first (an earlier attempt's files must not mix with this one's), with the manifest written last.
+
+    `started_at` (epoch seconds) is when the attempt began, for a writer that publishes only once its work is done
+    (s3://, staged): an attempt that finds the artifact written, or being written, by an attempt that began later
+    (its retry, say, while this one was cut off) leaves it alone and fails.
     """
     if files.is_url(uri):
+        if started_at is not None:
+            _refuse_if_superseded(uri, started_at)
+        started_at = time.time() if started_at is None else started_at
         files.rmtree(uri)
         files.makedirs(uri)
         attempt = uuid.uuid4().hex
         files.write_text(os.path.join(uri, WRITER_FILE), json.dumps(
-            {"attempt": attempt, "host": socket.gethostname(), "pid": os.getpid()}))
+            {"attempt": attempt, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at}))
         try:
             yield uri
         except BaseException:
@@ -292,7 +300,7 @@ def publish(uri: str) -> Iterator[str]:
             raise
         _check_writer(uri, attempt)
         files.remove(os.path.join(uri, WRITER_FILE))  # the published artifact is the files the manifest lists
-        manifest = {"files": dict(files.walk_files(uri))}
+        manifest = {"files": dict(files.walk_files(uri)), "started_at": started_at}
         files.write_text(os.path.join(uri, PUBLISHED_FILE), json.dumps(manifest, indent=1, sort_keys=True))
         return
     uri = os.path.abspath(uri)
@@ -338,8 +346,6 @@ def scratch_space(uri: str) -> Iterator[str]:
 def _remove_scratch(path: str, attempts: int = 5) -> None:
     """Remove a scratch folder; a late writer (a Beam worker finishing a bundle) can leave files behind the first
     removal, so try again before giving up loudly."""
-    import time
-
     for _ in range(attempts):
         files.rmtree(path)
         if next(files.walk_files(path), None) is None:  # a listing: TF's gs:// client caches `exists` for 5 s
@@ -367,6 +373,21 @@ def _check_writer(uri: str, attempt: str | None) -> None:
         raise SpecError(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
                         "attempt leaves it to that one",
                         hint="an attempt whose host was cut off, or whose task was retried elsewhere, ends here")
+
+
+def _refuse_if_superseded(uri: str, started_at: float) -> None:
+    """A SpecError if the artifact at `uri` is published, or being written, by an attempt that began after
+    `started_at`: this attempt is the stale one."""
+    for name in (PUBLISHED_FILE, WRITER_FILE):
+        try:
+            later = json.loads(files.read_text(os.path.join(uri, name))).get("started_at", 0) > started_at
+        except (OSError, ValueError, AttributeError):
+            continue
+        if later:
+            doing = "published" if name == PUBLISHED_FILE else "is writing"
+            raise SpecError(f"{uri}: an attempt of this task that began after this one {doing} it; this attempt "
+                            "leaves it to that one",
+                            hint="an attempt whose host was cut off, or whose task was retried elsewhere, ends here")
 
 
 def _writer(uri: str) -> str | None:

@@ -4,7 +4,9 @@ Each s3:// input is a local copy from the cache (`s3_cache.local_tree`, download
 each s3:// output is a fresh local folder, uploaded when the executor succeeds and published the way every
 object-store artifact is: the earlier attempt's objects removed first, the manifest (`_hpml_published.json`)
 written last. A reader takes an artifact only once its manifest is there, so an upload cut short, or a retried
-task's leftovers, never count. Nothing is uploaded when the executor fails.
+task's leftovers, never count. Nothing is uploaded when the executor fails, nor by an attempt that finds its output
+published (or being uploaded) by an attempt that began after it: a task cut off from the store, say, whose retry
+finished first.
 
 While the executor runs, its input copies and its output folder are held (`s3_cache.in_use`): another task's
 download does not evict them, and the output folders a killed task left behind are removed by the next task.
@@ -16,6 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 
 from hpml.components import artifacts, files, s3_cache
@@ -53,6 +56,7 @@ def staged(inputs: Mapping, outputs: Mapping[str, str]) -> Iterator[tuple[dict, 
     if not _any_s3(inputs) and not _any_s3(outputs):
         yield dict(inputs), dict(outputs)
         return
+    started_at = time.time()  # a retry begun after this attempt, and published first, is not replaced by it
     with contextlib.ExitStack() as held:
         local_inputs = {name: _local_input(uri, held) for name, uri in inputs.items()}
         os.makedirs(s3_cache.staging_folder(), exist_ok=True)
@@ -69,5 +73,5 @@ def staged(inputs: Mapping, outputs: Mapping[str, str]) -> Iterator[tuple[dict, 
             _ACTIVE.staged, _ACTIVE.published = False, {}
         for name, uri in outputs.items():
             if is_s3(uri):
-                with artifacts.publish(uri) as target:
+                with artifacts.publish(uri, started_at) as target:
                     files.copy_tree(local_outputs[name], target)

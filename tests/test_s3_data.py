@@ -281,6 +281,50 @@ def test_output_folders_that_killed_tasks_left_are_removed_by_the_next_and_live_
     assert os.listdir(tmp_path / "cache" / "s3-staging") == []
 
 
+def _stage_one_file(uri: str, text: str) -> None:
+    from hpml.components import staging
+
+    with staging.staged({}, {"out": uri}) as (_, outputs):
+        os.makedirs(outputs["out"])
+        open(os.path.join(outputs["out"], "part"), "w").write(text)
+
+
+def test_an_attempt_that_ends_after_its_retry_leaves_the_retrys_artifact_whole(s3, tmp_path, monkeypatch):
+    """An attempt cut off from the store while its executor ran, whose retry (begun later) published first, then
+    reached its own upload: it emptied the published artifact before anything checked who wrote it. It now fails
+    and leaves the retry's artifact as it was, published or mid-upload; a run begun after either still replaces it."""
+    import threading
+
+    from hpml.components import staging
+
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
+    uri = f"{s3.root}/{tmp_path.name}/out"
+    with pytest.raises(SpecError, match="an attempt of this task that began after this one published it"):
+        with staging.staged({}, {"out": uri}) as (_, outputs):
+            os.makedirs(outputs["out"])
+            open(os.path.join(outputs["out"], "part"), "w").write("stale")
+            time.sleep(0.01)
+            retry = threading.Thread(target=_stage_one_file, args=(uri, "retry"))  # staging's state is per thread
+            retry.start()
+            retry.join(timeout=60)
+    assert files.read_text(f"{uri}/part") == "retry"
+    assert sorted(name for name, _ in files.walk_files(uri)) == [artifacts.PUBLISHED_FILE, "part"]
+
+    with contextlib.ExitStack() as uploading:
+        with pytest.raises(SpecError, match="an attempt of this task that began after this one is writing it"):
+            with staging.staged({}, {"out": uri}) as (_, outputs):
+                os.makedirs(outputs["out"])
+                open(os.path.join(outputs["out"], "part"), "w").write("stale")
+                time.sleep(0.01)
+                target = uploading.enter_context(artifacts.publish(uri, started_at=time.time()))
+                files.write_text(f"{target}/part", "retry, mid-upload")
+        assert files.read_text(f"{uri}/part") == "retry, mid-upload"
+    assert files.read_text(f"{uri}/part") == "retry, mid-upload" and files.isfile(f"{uri}/{artifacts.PUBLISHED_FILE}")
+
+    _stage_one_file(uri, "a run begun after both")
+    assert files.read_text(f"{uri}/part") == "a run begun after both"
+
+
 CLAIM_A_WORKING_DIR = """
 import os, sys
 from hpml.components.trainer import backup_mirror
