@@ -187,3 +187,44 @@ def cluster_airflow(cluster, cluster_store):
         yield airflow.start()
     finally:
         shutil.rmtree(airflow.code, ignore_errors=True)
+
+
+
+# `make test` runs the suite in two processes (pytest-xdist): much of it waits on subprocesses. Tests that share a
+# session fixture that must exist once per machine, or is costly, run in one process, one after another: the test
+# hosts (network namespaces with fixed names) and the Airflow stack. They are grouped by file, so each such fixture
+# may be asked for only in its files (checked at collection); the test hosts' group goes first, being the longest.
+# xdist's own `--dist loadgroup` cannot do this under pytest 9 (its group suffix no longer reaches the node id).
+SHARED_ONCE = {"cluster": ("tests/test_hosts_", "test-hosts"),
+               "stack": (("tests/test_browser.py", "tests/test_airflow_stop.py"), "airflow-stack")}
+
+
+def _shared_group(nodeid: str) -> str | None:
+    for prefixes, group in SHARED_ONCE.values():
+        if nodeid.startswith(prefixes):
+            return group
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, (prefixes, _) in SHARED_ONCE.items():
+            parametrized = getattr(getattr(item, "callspec", None), "params", {})  # an argument of that name
+            if fixture in getattr(item, "fixturenames", ()) and fixture not in parametrized \
+                    and not item.nodeid.startswith(prefixes):
+                raise pytest.UsageError(f"{item.nodeid} asks for the `{fixture}` fixture, which is shared by one "
+                                        f"process's tests only: move the test to a file that starts with {prefixes}")
+    items.sort(key=lambda item: _shared_group(item.nodeid) != "test-hosts")  # stable: the order is kept otherwise
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedOnceScheduling(LoadScopeScheduling):
+        """Each test is a unit of its own, but the tests of one SHARED_ONCE group are one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _shared_group(nodeid) or nodeid
+
+    return SharedOnceScheduling(config, log)
