@@ -104,10 +104,7 @@ PUSHED_MODEL = ArtifactType("PushedModel")
 
 def check_split_name(name: str) -> str:
     if not SPLIT_NAME_RE.match(name):
-        raise SpecError(
-            f"split name {name!r} is invalid",
-            hint="split names must match ^[A-Za-z0-9][A-Za-z0-9_-]*$",
-        )
+        raise SpecError(f"split name {name!r} is invalid", hint="split names must match ^[A-Za-z0-9][A-Za-z0-9_-]*$")
     return name
 
 
@@ -120,9 +117,7 @@ def examples_file_pattern(uri: str, split: str) -> str:
 
 
 def transformed_examples_file_pattern(uri: str, split: str) -> str:
-    return os.path.join(
-        split_dir(uri, split), f"{TRANSFORMED_EXAMPLES_FILE_PREFIX}-*{TFRECORD_GZ_SUFFIX}"
-    )
+    return os.path.join(split_dir(uri, split), f"{TRANSFORMED_EXAMPLES_FILE_PREFIX}-*{TFRECORD_GZ_SUFFIX}")
 
 
 def list_splits(uri: str) -> list[str]:
@@ -277,10 +272,8 @@ def publish(uri: str, started_at: float | None = None) -> Iterator[str]:
     On a local disk that is a fresh temporary sibling, renamed to `uri` at the end; leftovers of an earlier failed
     attempt are removed first, and an earlier published output is replaced whole. On an object store it is `uri`
     itself, emptied first (an earlier attempt's files must not mix with this one's), with the manifest written last.
-
-    `started_at` (epoch seconds) is when the attempt began, for a writer that publishes only once its work is done
-    (s3://, staged): an attempt that finds the artifact written, or being written, by an attempt that began later
-    (its retry, say, while this one was cut off) leaves it alone and fails.
+    `started_at`: when a writer that publishes once its work is done (s3://, staged) began; it fails, leaving the
+    artifact alone, where an attempt that began later (its retry, while this one was cut off) published or writes it.
     """
     if files.is_url(uri):
         if started_at is not None:
@@ -368,26 +361,24 @@ def unfenced() -> None:
     return None
 
 
+_TAKEN_OVER = "an attempt whose host was cut off, or whose task was retried elsewhere, ends here"
+
+
 def _check_writer(uri: str, attempt: str | None) -> None:
     if _writer(uri) != attempt:
         raise SpecError(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
-                        "attempt leaves it to that one",
-                        hint="an attempt whose host was cut off, or whose task was retried elsewhere, ends here")
+                        "attempt leaves it to that one", hint=_TAKEN_OVER)
 
 
 def _refuse_if_superseded(uri: str, started_at: float) -> None:
-    """A SpecError if the artifact at `uri` is published, or being written, by an attempt that began after
-    `started_at`: this attempt is the stale one."""
-    for name in (PUBLISHED_FILE, WRITER_FILE):
-        try:
+    """A SpecError if an attempt that began after `started_at` published, or is writing, the artifact at `uri`."""
+    for name, doing in ((PUBLISHED_FILE, "published"), (WRITER_FILE, "is writing")):
+        later = False
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             later = json.loads(files.read_text(os.path.join(uri, name))).get("started_at", 0) > started_at
-        except (OSError, ValueError, AttributeError):
-            continue
         if later:
-            doing = "published" if name == PUBLISHED_FILE else "is writing"
             raise SpecError(f"{uri}: an attempt of this task that began after this one {doing} it; this attempt "
-                            "leaves it to that one",
-                            hint="an attempt whose host was cut off, or whose task was retried elsewhere, ends here")
+                            "leaves it to that one", hint=_TAKEN_OVER)
 
 
 def _writer(uri: str) -> str | None:

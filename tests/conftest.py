@@ -189,7 +189,6 @@ def cluster_airflow(cluster, cluster_store):
         shutil.rmtree(airflow.code, ignore_errors=True)
 
 
-
 # `make test` runs the suite in two processes (pytest-xdist): much of it waits on subprocesses. Tests that share a
 # session fixture that must exist once per machine, or is costly, run in one process, one after another: the test
 # hosts (network namespaces with fixed names) and the Airflow stack. They are grouped by file, so each such fixture
@@ -198,13 +197,11 @@ def cluster_airflow(cluster, cluster_store):
 SHARED_ONCE = {"cluster": ("tests/test_hosts_", "test-hosts"),
                "stack": (("tests/test_browser.py", "tests/test_airflow_stop.py"), "airflow-stack")}
 
-
 def _shared_group(nodeid: str) -> str | None:
     for prefixes, group in SHARED_ONCE.values():
         if nodeid.startswith(prefixes):
             return group
     return None
-
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -215,7 +212,6 @@ def pytest_collection_modifyitems(config, items):
                 raise pytest.UsageError(f"{item.nodeid} asks for the `{fixture}` fixture, which is shared by one "
                                         f"process's tests only: move the test to a file that starts with {prefixes}")
     items.sort(key=lambda item: _shared_group(item.nodeid) != "test-hosts")  # stable: the order is kept otherwise
-
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
