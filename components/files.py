@@ -276,15 +276,33 @@ def walk_files(root: str) -> Iterator[tuple[str, int]]:
         for folder, _, names in gfile.walk(root):
             for name in names:
                 path = os.path.join(folder, name)
-                found.append((path[len(prefix):] if path.startswith(prefix) else name, gfile.stat(path).length))
+                if (size := _size_if_there(path)) is not None:
+                    found.append((path[len(prefix):] if path.startswith(prefix) else name, size))
         yield from sorted(found)
         return
     found = []
     for folder, _, names in os.walk(root):
         for name in names:
             path = os.path.join(folder, name)
-            found.append((os.path.relpath(path, root).replace(os.sep, "/"), os.path.getsize(path)))
+            if (size := _size_if_there(path)) is not None:
+                found.append((os.path.relpath(path, root).replace(os.sep, "/"), size))
     yield from sorted(found)
+
+
+def _size_if_there(path: str) -> int | None:
+    """The size of a file just listed, or None if it went in the meantime (a writer's temporary file, renamed or
+    removed while the folder is walked: a walk lists what is there, it does not fail on a concurrent writer)."""
+    if not is_url(path):
+        try:
+            return os.path.getsize(path)
+        except FileNotFoundError:
+            return None
+    import tensorflow as tf
+
+    try:
+        return _gfile().stat(path).length
+    except tf.errors.NotFoundError:
+        return None
 
 
 def copy_tree(source: str, target: str, last: tuple[str, ...] = ()) -> int:

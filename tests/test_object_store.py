@@ -266,3 +266,23 @@ def test_a_large_csv_on_the_object_store_is_read_as_pieces_like_local_disk(gcs, 
     for split in ("train", "eval"):
         assert _records(remote["examples"], split) == _records(local["examples"], split)
     assert sum(len(_records(local["examples"], split)) for split in ("train", "eval")) == 3000
+
+
+@pytest.mark.parametrize("where", ["gs", "local"])
+def test_a_folder_walk_skips_a_file_a_concurrent_writer_removes_after_the_listing(gcs, tmp_path, monkeypatch, where):
+    """A writer's temporary file can go between the listing of its folder and the size lookup (a reader waiting for
+    an artifact walks it while the writer renames): the walk lists what is still there instead of failing."""
+    root = f"{gcs.root}/{tmp_path.name}/walked" if where == "gs" else str(tmp_path / "walked")
+    files.makedirs(os.path.join(root, "metadata"))
+    files.write_text(os.path.join(root, "metadata", "schema.pbtxt"), "feature {}")
+    files.write_text(os.path.join(root, "metadata", "schema.pbtxt.tmp0f9e"), "feature {}")
+    real_walk = tf.io.gfile.walk if where == "gs" else os.walk
+
+    def walk_then_remove(top, *args, **kwargs):
+        for folder, subfolders, names in real_walk(top, *args, **kwargs):
+            if "schema.pbtxt.tmp0f9e" in names:  # listed; now the writer removes it before anyone asks its size
+                files.remove(os.path.join(folder, "schema.pbtxt.tmp0f9e"))
+            yield folder, subfolders, names
+
+    monkeypatch.setattr(tf.io.gfile if where == "gs" else os, "walk", walk_then_remove)
+    assert list(files.walk_files(root)) == [("metadata/schema.pbtxt", 10)]
