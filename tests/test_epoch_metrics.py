@@ -92,6 +92,7 @@ def test_an_epoch_s_length_comes_from_the_examples_example_gen_and_transform_cou
     """ExampleGen and Transform record each split's examples: given a whole split's file pattern, epoch_size answers
     from the record what a pass over the data counts, without the pass; a list of chosen shards, or examples with no
     record (TFX's ExampleGen writes none), are counted."""
+    import functools
     import glob
     import shutil
 
@@ -113,6 +114,13 @@ def test_an_epoch_s_length_comes_from_the_examples_example_gen_and_transform_cou
         both = sum(examples for _, examples in counted.values())
         assert epoch_size(data.take(1), patterns, 16) == (-(-both // 16), both)
         assert epoch_size(data.take(1), sorted(glob.glob(patterns[0])), 16) == (1, 16), "chosen shards: counted"
+
+        def never_built():
+            raise AssertionError("the recorded count answers without building the dataset")
+
+        # A function that builds the dataset is called only where a pass must count.
+        assert epoch_size(never_built, [patterns[0]], 16) == counted[patterns[0]]
+        assert epoch_size(functools.partial(data.take, 1), sorted(glob.glob(patterns[0])), 16) == (1, 16)
 
     unrecorded = tmp_path / "examples"
     shutil.copytree(penguin_outputs["ExampleGen"]["examples"], unrecorded)

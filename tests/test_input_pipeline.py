@@ -581,6 +581,32 @@ def test_input_stall_separates_a_slow_pipeline_and_leaves_the_model_untouched():
                                            "its time goes.")
 
 
+def test_a_memory_source_gives_the_replayed_batches_and_the_pipeline_is_read_only_for_its_own_feed():
+    """The in-memory feed replays the memory source's first batches (the training data unshuffled, say), so the
+    probed pipeline is started once, for its own feed, not a second time to fill the replay."""
+    x = np.random.default_rng(0).normal(size=(640, 5)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    fast = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+    produced = []
+
+    def slowly(a, b):
+        produced.append(1)
+        __import__("time").sleep(0.02)
+        return a, b
+
+    slow = fast.map(lambda a, b: tf.numpy_function(slowly, [a, b], [tf.float32, tf.int64]))
+    slow = slow.map(lambda a, b: (tf.ensure_shape(a, [16, 5]), tf.ensure_shape(b, [16])))
+    model = _tiny_model()
+    model.fit(fast, steps_per_epoch=5, epochs=1, verbose=0)
+    waited = measure_input_stall(model, slow, steps=8, block_steps=5, memory_source=fast)
+    assert waited["stall_fraction"] > 0.7 and max(waited["in_memory_block_s"]) < 0.05, waited
+    # 2 warm-up and 3 x 8 timed steps, and what the feed's prefetch reads ahead; filling the replay from the pipeline
+    # would read 2 + 8 more
+    assert 26 <= len(produced) < 26 + 8, len(produced)
+    with pytest.raises(ValueError, match="needs 8 batches to replay, the memory source has 3"):
+        measure_input_stall(model, slow, steps=8, memory_source=fast.take(3))
+
+
 def test_a_stall_from_the_fixed_cost_of_a_short_step_says_so():
     """A sub-millisecond step over a fast pipeline stalls only on what feeding any step costs; the penguin run
     logged an 18% stall with no word on why, which read as a slow pipeline."""

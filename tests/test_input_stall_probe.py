@@ -96,3 +96,21 @@ def test_a_twin_too_short_to_time_leaves_training_going_with_a_warning(tmp_path,
     assert len(history.history["loss"]) == 2
     assert "input stall not measured: input stall needs 6 batches, the dataset has 2" in caplog.text
     assert not os.path.exists(os.path.join(tmp_path, STALL_FILE))
+
+
+def test_the_probe_replays_the_batches_of_its_memory_source_where_it_is_given_one(tmp_path, caplog):
+    """The in-memory feed's batches come from `memory_source` (the training data unshuffled, in the run_fn `hpml
+    init` writes), not from a second read of the shuffled twin: a source too short to replay says so."""
+    fn_args = types.SimpleNamespace(model_run_dir=str(tmp_path), working_dir=None)
+    x = np.zeros((32, 5), "float32")
+    two = tf.data.Dataset.from_tensor_slices((x, np.zeros(32, "int64"))).batch(16)
+    with caplog.at_level("WARNING", logger="hpml.trainer"):
+        _model().fit(_training_data(), epochs=2, steps_per_epoch=3, verbose=0, callbacks=[
+            InputStallProbe(_training_data(), fn_args, steps_per_epoch=3, steps=4, memory_source=two)])
+    assert "input stall needs 4 batches to replay, the memory source has 2" in caplog.text
+
+    replayed = InputStallProbe(_training_data(), fn_args, steps_per_epoch=3, steps=4,
+                               memory_source=_training_data().unbatch().batch(16))
+    _model().fit(_training_data(), epochs=1, steps_per_epoch=3, callbacks=[replayed], verbose=0)
+    stall = read_json(os.path.join(tmp_path, STALL_FILE))
+    assert stall["steps"] == 4 and len(stall["in_memory_block_s"]) == len(stall["real_block_s"])

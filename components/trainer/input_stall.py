@@ -49,17 +49,21 @@ def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmu
     `repeats` x `steps` steps are timed from each feed, in alternating blocks of `block_steps`.
     One iterator reads the pipeline throughout, so its per-epoch work is timed where it falls.
     Its first `warmup` steps are not timed: 2 by default (tracing, first batch); a whole epoch to
-    time only the warm epochs that follow it. The in-memory feed replays the `steps` batches
-    after the warmup, read from `memory_source` (default: `dataset` itself, whose cache, if any,
-    that read fills; pass a twin built the same way to time a cold first epoch).
+    time only the warm epochs that follow it. The in-memory feed replays `steps` batches: the first
+    `steps` of `memory_source`, a dataset of the same batches (the training data unshuffled starts
+    at once, where a shuffled twin first fills its shuffle window: a second fill that measuring
+    need not pay; a twin built the same way times a cold first epoch), or by default those of
+    `dataset` past the warmup, whose cache, if any, that read fills.
     `block_steps >= repeats x steps` times each feed in one piece.
     """
     started = time.perf_counter()
     steps, block_steps = max(1, steps), max(1, block_steps)
-    batches = (dataset if memory_source is None else memory_source).skip(warmup).take(steps).cache()
+    batches = (dataset.skip(warmup) if memory_source is None else memory_source).take(steps).cache()
     count = int(batches.reduce(0, lambda n, _: n + 1))  # fills the in-memory cache
     if count < steps:
-        raise ValueError(f"input stall needs {steps + warmup} batches, the dataset has {warmup + count}")
+        raise ValueError(f"input stall needs {steps + warmup} batches, the dataset has {warmup + count}"
+                         if memory_source is None else f"input stall needs {steps} batches to replay, the memory "
+                                                       f"source has {count}")
     from hpml.components.trainer.model_state import restored_afterwards
 
     strategy = model.distribute_strategy
@@ -107,14 +111,15 @@ def describe_stall(result: dict) -> str:
 
 
 def record_input_stall(model, dataset, model_run_dir: str, steps: int = 30,
-                       progress_directory: str | None = None, warmup: int = WARMUP_STEPS) -> dict:
+                       progress_directory: str | None = None, warmup: int = WARMUP_STEPS,
+                       memory_source=None) -> dict:
     """Measure the stall and write it where the Trainer collects it for the run record (and, given the run's
     progress directory, beside its live progress). `warmup` steps are read untimed first."""
     import json
     import logging
     import os
 
-    result = measure_input_stall(model, dataset, steps, warmup=warmup)
+    result = measure_input_stall(model, dataset, steps, warmup=warmup, memory_source=memory_source)
     from hpml.components import files
 
     text = json.dumps(result, indent=2)

@@ -226,7 +226,7 @@ def run_fn(fn_args):
     steps, examples = fn_args.train_steps, None
     if not steps:
         steps, examples = epoch_size(  # from the examples Transform counted, or a pass over them
-            _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False),
+            lambda: _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False),
             fn_args.train_files, hp["batch_size"])
     callbacks = standard_callbacks(fn_args, strategy_name, hp["batch_size"], hp["epochs"],
                                    config.get("backup_save_freq", "epoch"), examples_per_epoch=examples)
@@ -251,17 +251,20 @@ def run_fn(fn_args):
             with strategy.scope():
                 return build_model(tf_transform_output, hp["learning_rate"], accumulation, stats)
 
-        # steps_per_execution, XLA and precision, measured for this model on this machine (or pinned in hp), on a
-        # twin of the training data: reading `train` itself would move its shuffle order on
-        twin = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
-        model = tune_training_step(model, twin, fn_args, hp, strategy_name=strategy_name, steps_per_epoch=steps,
+        # steps_per_execution, XLA and precision, measured for this model on this machine (or pinned in hp), on the
+        # training data unshuffled: its batches come at once, where a shuffled copy first fills its shuffle window,
+        # and reading `train` itself would move its shuffle order on
+        unshuffled = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], False,
+                              None)
+        model = tune_training_step(model, unshuffled, fn_args, hp, strategy_name=strategy_name, steps_per_epoch=steps,
                                    epochs=hp["epochs"], batch_size=hp["batch_size"], rebuild=rebuild,
                                    save_freq=config.get("backup_save_freq", "epoch"))
         if eval_steps is None:  # several steps per call need the number of steps up front, validation's too
             eval_steps = epoch_size(evaluation, fn_args.eval_files, hp["batch_size"])[0]
         # The share of a step that waits on input, measured on the twin once the first epoch is over: the run's
         # live view shows it while the rest trains
-        callbacks.append(InputStallProbe(twin, fn_args, steps_per_epoch=steps))
+        twin = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
+        callbacks.append(InputStallProbe(twin, fn_args, steps_per_epoch=steps, memory_source=unshuffled))
         if confusion is not None:  # counted in fit's validation: the per-class report reads the eval split no more
             callbacks.append(confusion)
         history = model.fit(train, epochs=hp["epochs"], steps_per_epoch=steps, validation_data=evaluation,

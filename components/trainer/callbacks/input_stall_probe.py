@@ -23,14 +23,17 @@ class InputStallProbe(tf_keras.callbacks.Callback):
     then runs as if nothing had been measured: the model's weights, optimizer state, metrics and train counter
     are put back. The probe measures at epoch 0's end only, which is the same point on every worker and in a run
     resumed from a backup. Not for ParameterServer training, whose steps the coordinator schedules.
+
+    `memory_source`, optional, gives the batches the in-memory feed replays: the training data unshuffled, whose
+    batches come at once, where the shuffled twin would first fill its shuffle window a second time.
     """
 
-    def __init__(self, twin, fn_args, steps_per_epoch: int, steps: int = 30):
+    def __init__(self, twin, fn_args, steps_per_epoch: int, steps: int = 30, memory_source=None):
         super().__init__()
         from hpml.components.trainer.progress_state import progress_dir
         from hpml.components.trainer.strategies import is_chief
 
-        self._twin, self._model_run_dir = twin, fn_args.model_run_dir
+        self._twin, self._memory_source, self._model_run_dir = twin, memory_source, fn_args.model_run_dir
         self._steps = max(1, min(steps, 2 * steps_per_epoch))
         self._warmup = steps_per_epoch if steps_per_epoch <= WARM_EPOCH_STEPS else WARMUP_STEPS
         working_dir = getattr(fn_args, "working_dir", None)  # TFX's Trainer gives run_fn none
@@ -41,7 +44,7 @@ class InputStallProbe(tf_keras.callbacks.Callback):
             return
         try:
             record_input_stall(self.model, self._twin, self._model_run_dir, self._steps, self._progress,
-                               warmup=self._warmup)
+                               warmup=self._warmup, memory_source=self._memory_source)
         except ValueError as err:  # a twin too short to time (one that does not repeat): training goes on
             log.warning("input stall not measured: %s; give InputStallProbe a twin that repeats, as the training "
                         "data does", err)
