@@ -46,5 +46,5 @@ class InputStallProbe(tf_keras.callbacks.Callback):
             record_input_stall(self.model, self._twin, self._model_run_dir, self._steps, self._progress,
                                warmup=self._warmup, memory_source=self._memory_source)
         except ValueError as err:  # a twin too short to time (one that does not repeat): training goes on
-            log.warning("input stall not measured: %s; give InputStallProbe a twin that repeats, as the training "
-                        "data does", err)
+            log.warning("input stall not measured: %s; give InputStallProbe a twin (and a memory_source) that "
+                        "repeats, as the training data does", err)
