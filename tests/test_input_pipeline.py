@@ -189,6 +189,25 @@ def test_a_streamed_first_epoch_fills_the_cache_that_later_epochs_read(tuned, sh
     assert len(parsed) == 900, "every record is parsed once; epochs 2 and 3 read the cache"
 
 
+@pytest.mark.parametrize("kwargs", [{"shuffle": False}, {"shuffle": True, "seed": 3, "num_epochs": 2}],
+                         ids=["parsed-late", "parsed-first"])
+def test_a_users_transform_keeps_autograph_where_hpmls_own_functions_are_traced_plain(tuned, shards, kwargs):
+    """hpml's own dataset functions skip autograph's conversion; a user's transform that branches on a tensor's
+    value (which only autograph turns into graph control flow) still works on either read path."""
+    def halve(features):
+        features = dict(features)
+        if tf.size(features["id"]) > 0:  # a Python `if` on a tensor: autograph's to convert
+            features["x"] = features["x"] * 0.5
+        return features
+
+    spec = dataclasses.replace(tuned, cache="memory", vectorized_parse=True)
+    dataset = build_dataset(spec, [os.path.join(shards, "*.gz")], SCHEMA, batch_size=1, transform=halve,
+                            **kwargs)
+    rows = [(int(batch["id"][0]), float(batch["x"][0][0])) for batch in dataset]
+    assert len(rows) == 900 * kwargs.get("num_epochs", 1)
+    assert all(x == i / 2 for i, x in rows), rows[:6]
+
+
 TAGGED_SCHEMA = schema_utils.schema_from_feature_spec({
     "id": tf.io.FixedLenFeature([], tf.int64),
     "x": tf.io.FixedLenFeature([3], tf.float32),

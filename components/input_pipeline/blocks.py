@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hpml.components.input_pipeline.plain import plain
 from hpml.components.input_pipeline.spec import AUTOTUNE, InputPipelineSpec
 from hpml.components.input_pipeline.windows import count_rows, take_rows
 
@@ -42,7 +43,7 @@ def whole_epochs(parsed, seed, finish: Callable):
         order = tf.reshape(tf.argsort(draws, axis=1, stable=True), [-1])
         return finish(take_rows(data, tf.cast(order, tf.int64)))
 
-    return tf.data.Dataset.zip(whole.repeat(), tf.data.Dataset.range(2**62)).map(permuted)
+    return tf.data.Dataset.zip(whole.repeat(), tf.data.Dataset.range(2**62)).map(plain(permuted))
 
 
 def cuttable(element_spec) -> bool:
@@ -77,7 +78,7 @@ def cut_from_blocks(units, batch_size: int, prefetch: int):
     def as_batches(*block):  # a tuple element (features, label) arrives as two arguments
         return tf.nest.map_structure(cut, block if len(block) > 1 else block[0])
 
-    blocks = units.rebatch(per_block * batch_size, drop_remainder=True).map(as_batches)
+    blocks = units.rebatch(per_block * batch_size, drop_remainder=True).map(plain(as_batches))
     if prefetch != 0:
         blocks = blocks.prefetch(tf.data.AUTOTUNE if prefetch == AUTOTUNE else -(-prefetch // per_block))
     return blocks.unbatch()

@@ -15,6 +15,7 @@ from hpml.components.errors import InputDataError, SpecError
 from hpml.components.input_pipeline import cache as cache_keys
 from hpml.components.input_pipeline.blocks import cut_from_blocks, cuttable, held_whole, whole_epochs
 from hpml.components.input_pipeline.packing import DensePacker, maybe_pack
+from hpml.components.input_pipeline.plain import plain
 from hpml.components.input_pipeline.shards import usable_shards
 from hpml.components.input_pipeline.spec import AUTOTUNE, InputPipelineSpec, schema_fingerprint
 from hpml.components.input_pipeline.windows import ordered, shuffle_and_repeat
@@ -78,7 +79,8 @@ def assemble(
 
     deterministic = spec.deterministic if deterministic is None else deterministic
     read = _Read(spec, batch_size or spec.batch_size, shuffle, num_epochs,
-                 seed if seed is not None else random.randrange(2**31), label_key, deterministic)
+                 seed if seed is not None else random.randrange(2**31), label_key, deterministic,
+                 own=plain if transform is None else (lambda fn: fn))  # a user's transform keeps autograph
 
     def parse(records, batched: bool):
         parsed = parse_batch(records) if batched else parse_one(records)
@@ -105,7 +107,7 @@ def _chunks(spec: InputPipelineSpec, sources: Sequence[str], open_source: Callab
 
     reads = _calls(spec.read_parallelism)
     return tf.data.Dataset.from_tensor_slices(list(sources)).interleave(
-        lambda source: open_source(source).batch(spec.parse_batch_size),
+        plain(lambda source: open_source(source).batch(spec.parse_batch_size)),
         cycle_length=tf.data.AUTOTUNE if spec.cycle_length == AUTOTUNE else spec.cycle_length,
         block_length=1, num_parallel_calls=reads, deterministic=ordered(reads, deterministic),
     )
@@ -116,9 +118,10 @@ class _Read:
     shuffled first and parsed per batch."""
 
     def __init__(self, spec: InputPipelineSpec, batch_size: int, shuffle: bool, num_epochs, seed, label_key,
-                 deterministic: bool):
+                 deterministic: bool, own: Callable = plain):
         self.spec, self.batch_size, self.shuffle, self.num_epochs, self.seed = (spec, batch_size, shuffle,
                                                                                  num_epochs, seed)
+        self.own = own  # how a function that parses (and so may run the user's transform) is traced
         self.label_key = label_key
         self.parallel = _calls(spec.map_parallelism)
         self.in_order = ordered(self.parallel, deterministic)
@@ -138,9 +141,9 @@ class _Read:
         serialized.
         """
         spec, packer = self.spec, DensePacker()
-        parsed = chunks.map(lambda r: maybe_pack(packer, parse(r, True)), num_parallel_calls=self.parallel,
+        parsed = chunks.map(self.own(lambda r: maybe_pack(packer, parse(r, True))), num_parallel_calls=self.parallel,
                             deterministic=self.in_order)
-        finish = lambda unit: self.split_label(packer.unpack(unit) if packer.layout else unit)  # noqa: E731
+        finish = plain(lambda unit: self.split_label(packer.unpack(unit) if packer.layout else unit))
         if held_whole(spec, self.shuffle, self.num_epochs):
             units = whole_epochs(parsed, self.seed, finish)
         else:
@@ -157,7 +160,7 @@ class _Read:
         else:
             batches, prefetch_blocks = units.rebatch(self.batch_size), False
         if packer.ragged:
-            batches = batches.map(packer.sparse_again(self.label_key))
+            batches = batches.map(plain(packer.sparse_again(self.label_key)))
         return batches, prefetch_blocks
 
     def parsed_late(self, chunks, parse: Callable):
@@ -166,11 +169,11 @@ class _Read:
                                      parallel=self.parallel, in_order=self.in_order)
         if self.spec.vectorized_parse:
             return records.rebatch(self.batch_size).map(
-                lambda r: self.split_label(parse(r, True)), num_parallel_calls=self.parallel,
+                self.own(lambda r: self.split_label(parse(r, True))), num_parallel_calls=self.parallel,
                 deterministic=self.in_order)
         return records.unbatch().map(
-            lambda r: parse(r, False), num_parallel_calls=self.parallel, deterministic=self.in_order
-        ).batch(self.batch_size).map(self.split_label)
+            self.own(lambda r: parse(r, False)), num_parallel_calls=self.parallel, deterministic=self.in_order
+        ).batch(self.batch_size).map(plain(self.split_label))
 
 
 def build_dataset(

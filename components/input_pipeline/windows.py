@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hpml.components.input_pipeline.plain import plain
 from hpml.components.input_pipeline.spec import InputPipelineSpec
 
 
@@ -52,7 +53,7 @@ def _slices(window, order, slice_rows: int):
     import tensorflow as tf
 
     return tf.data.Dataset.range(0, tf.shape(order, out_type=tf.int64)[0], slice_rows).map(
-        lambda start: (window, order[start:start + slice_rows]))
+        plain(lambda start: (window, order[start:start + slice_rows])))
 
 
 def _permuted_windows(chunks, spec: InputPipelineSpec, window_records: int, seed: int, shuffle_chunks: bool = True):
@@ -70,7 +71,7 @@ def _permuted_windows(chunks, spec: InputPipelineSpec, window_records: int, seed
     windows = chunks.rebatch(window_chunks * spec.parse_batch_size).enumerate()
     epoch_keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     return tf.data.Dataset.zip(windows, epoch_keys).map(
-        lambda indexed, epoch_key: _with_order(indexed[1], tf.stack([epoch_key, indexed[0]])))
+        plain(lambda indexed, epoch_key: _with_order(indexed[1], tf.stack([epoch_key, indexed[0]]))))
 
 
 def shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epochs, seed, *,
@@ -91,7 +92,7 @@ def shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epoch
         if finish is None:
             return units
         return units.map(finish, num_parallel_calls=parallel, deterministic=ordered(parallel, in_order))
-    finish = finish or (lambda unit: unit)
+    finish = finish or (lambda unit: unit)  # traced inside the plain map below
     first_window = spec.first_epoch_window or spec.shuffle_buffer
     if first_window == spec.shuffle_buffer:  # one kind of window: the plain repeated pass
         windows = _permuted_windows(chunks, spec, spec.shuffle_buffer, seed)
@@ -103,6 +104,6 @@ def shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epoch
             windows = windows.concatenate(later.repeat(None if num_epochs is None else num_epochs - 1))
     slice_rows = spec.permute_slice or max(spec.shuffle_buffer, first_window)
     # The next window is joined and its order drawn while this one is gathered.
-    slices = windows.prefetch(1).flat_map(lambda window, order: _slices(window, order, slice_rows))
-    return slices.map(lambda window, rows: finish(take_rows(window, rows)), num_parallel_calls=parallel,
+    slices = windows.prefetch(1).flat_map(plain(lambda window, order: _slices(window, order, slice_rows)))
+    return slices.map(plain(lambda window, rows: finish(take_rows(window, rows))), num_parallel_calls=parallel,
                       deterministic=ordered(parallel, in_order))
