@@ -53,11 +53,13 @@ def test_the_probe_publishes_the_stall_after_the_first_epoch_and_training_ends_a
     live = os.path.join(progress_dir(fn_args.working_dir), STALL_FILE)
     os.makedirs(os.path.dirname(live))
     seen = _SeenAtEpochBegin(live)
-    probed, probed_history, probed_counter = _train([InputStallProbe(_training_data(), fn_args,
-                                                                     steps_per_epoch=STEPS_PER_EPOCH), seen])
+    built = []  # the twin is built by the probe, when it measures: the run_fn `hpml init` writes passes a builder
+    probed, probed_history, probed_counter = _train([InputStallProbe(lambda: built.append(1) or _training_data(),
+                                                                     fn_args, steps_per_epoch=STEPS_PER_EPOCH), seen])
     plain, plain_history, plain_counter = _train([])
 
     assert seen.seen == {0: False, 1: True, 2: True}, "published once epoch 0 is over, while training goes on"
+    assert built == [1]
     stall = read_json(live)
     assert 0.0 <= stall["stall_fraction"] < 1.0 and stall["real_step_s"] > 0 and stall["in_memory_step_s"] > 0
     # A short epoch is read once, untimed, so the timed steps read the warm cache that later epochs read.
@@ -77,7 +79,8 @@ def test_a_long_epoch_is_timed_on_its_first_steps_and_the_stall_goes_nowhere_liv
     from hpml.components.trainer.callbacks.input_stall_probe import WARM_EPOCH_STEPS
 
     fn_args = types.SimpleNamespace(model_run_dir=str(tmp_path), working_dir=None)
-    probe = InputStallProbe(_training_data(), fn_args, steps_per_epoch=WARM_EPOCH_STEPS + 1, steps=4)
+    probe = InputStallProbe(_training_data(), fn_args, steps_per_epoch=WARM_EPOCH_STEPS + 1, steps=4,
+                            after_last_epoch=True)
     model = _model()
     model.fit(_training_data(), epochs=1, steps_per_epoch=3, callbacks=[probe], verbose=0)
     stall = read_json(os.path.join(tmp_path, STALL_FILE))
@@ -110,7 +113,25 @@ def test_the_probe_replays_the_batches_of_its_memory_source_where_it_is_given_on
     assert "input stall needs 4 batches to replay, the memory source has 2" in caplog.text
 
     replayed = InputStallProbe(_training_data(), fn_args, steps_per_epoch=3, steps=4,
-                               memory_source=_training_data().unbatch().batch(16))
+                               memory_source=_training_data().unbatch().batch(16), after_last_epoch=True)
     _model().fit(_training_data(), epochs=1, steps_per_epoch=3, callbacks=[replayed], verbose=0)
     stall = read_json(os.path.join(tmp_path, STALL_FILE))
     assert stall["steps"] == 4 and len(stall["in_memory_block_s"]) == len(stall["real_block_s"])
+
+
+def test_a_one_epoch_run_measures_nothing_after_its_only_epoch_unless_asked(tmp_path, caplog):
+    """Measured at the end of the first epoch, the stall informs the epochs that follow; a one-epoch run has none,
+    so the probe neither builds its twin nor times a step there (at 1M rows that was a fifth of the epoch again)."""
+    fn_args = types.SimpleNamespace(model_run_dir=str(tmp_path), working_dir=None)
+    built = []
+    probe = InputStallProbe(lambda: built.append(1) or _training_data(), fn_args, steps_per_epoch=3, steps=4)
+    with caplog.at_level("INFO", logger="hpml.trainer"):
+        history = _model().fit(_training_data(), epochs=1, steps_per_epoch=3, callbacks=[probe], verbose=0)
+    assert len(history.history["loss"]) == 1
+    assert built == [] and os.listdir(tmp_path) == []
+    assert "input stall not measured: this run's one epoch is over" in caplog.text
+
+    asked = InputStallProbe(lambda: built.append(1) or _training_data(), fn_args, steps_per_epoch=3, steps=4,
+                            after_last_epoch=True)
+    _model().fit(_training_data(), epochs=1, steps_per_epoch=3, callbacks=[asked], verbose=0)
+    assert built == [1] and read_json(os.path.join(tmp_path, STALL_FILE))["steps"] == 4

@@ -261,9 +261,10 @@ def run_fn(fn_args):
                                    save_freq=config.get("backup_save_freq", "epoch"))
         if eval_steps is None:  # several steps per call need the number of steps up front, validation's too
             eval_steps = epoch_size(evaluation, fn_args.eval_files, hp["batch_size"])[0]
-        # The share of a step that waits on input, measured on the twin once the first epoch is over: the run's
-        # live view shows it while the rest trains
-        twin = _dataset(fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
+        # The share of a step that waits on input, measured on a twin (built only then) once the first epoch is
+        # over: the run's live view shows it while the rest trains. A one-epoch run has no rest and skips it.
+        twin = lambda: _dataset(  # noqa: E731
+            fn_args, fn_args.train_files, tf_transform_output, hp["batch_size"], hp["seed"], True, None)
         callbacks.append(InputStallProbe(twin, fn_args, steps_per_epoch=steps, memory_source=unshuffled))
         if confusion is not None:  # counted in fit's validation: the per-class report reads the eval split no more
             callbacks.append(confusion)

@@ -24,16 +24,22 @@ class InputStallProbe(tf_keras.callbacks.Callback):
     are put back. The probe measures at epoch 0's end only, which is the same point on every worker and in a run
     resumed from a backup. Not for ParameterServer training, whose steps the coordinator schedules.
 
-    `memory_source`, optional, gives the batches the in-memory feed replays: the training data unshuffled, whose
-    batches come at once, where the shuffled twin would first fill its shuffle window a second time.
+    `twin` may be a function that builds it, called only when the probe measures. `memory_source`, optional, gives
+    the batches the in-memory feed replays: the training data unshuffled, whose batches come at once, where the
+    shuffled twin would first fill its shuffle window a second time.
+
+    Where the first epoch is the last (`fit(epochs=1)`), there is no training left for the stall to inform, and
+    measuring would add about a fifth of the epoch after it: the probe measures nothing unless `after_last_epoch`.
     """
 
-    def __init__(self, twin, fn_args, steps_per_epoch: int, steps: int = 30, memory_source=None):
+    def __init__(self, twin, fn_args, steps_per_epoch: int, steps: int = 30, memory_source=None,
+                 after_last_epoch: bool = False):
         super().__init__()
         from hpml.components.trainer.progress_state import progress_dir
         from hpml.components.trainer.strategies import is_chief
 
         self._twin, self._memory_source, self._model_run_dir = twin, memory_source, fn_args.model_run_dir
+        self._after_last_epoch = after_last_epoch
         self._steps = max(1, min(steps, 2 * steps_per_epoch))
         self._warmup = steps_per_epoch if steps_per_epoch <= WARM_EPOCH_STEPS else WARMUP_STEPS
         working_dir = getattr(fn_args, "working_dir", None)  # TFX's Trainer gives run_fn none
@@ -42,8 +48,13 @@ class InputStallProbe(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch != 0:
             return
+        if self.params.get("epochs") == 1 and not self._after_last_epoch:
+            log.info("input stall not measured: this run's one epoch is over, so no training is left for it to "
+                     "inform (InputStallProbe(..., after_last_epoch=True) measures it anyway)")
+            return
+        twin = self._twin() if callable(self._twin) else self._twin
         try:
-            record_input_stall(self.model, self._twin, self._model_run_dir, self._steps, self._progress,
+            record_input_stall(self.model, twin, self._model_run_dir, self._steps, self._progress,
                                warmup=self._warmup, memory_source=self._memory_source)
         except ValueError as err:  # a twin too short to time (one that does not repeat): training goes on
             log.warning("input stall not measured: %s; give InputStallProbe a twin (and a memory_source) that "
