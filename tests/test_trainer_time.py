@@ -1,4 +1,6 @@
 """Where the Trainer's time went, from fit's window and each part's own seconds."""
+import pytest
+
 from hpml.components.trainer.time_breakdown import PARTS, breakdown
 
 HISTORY = [{"seconds": 3.0}, {"seconds": 2.0}]
@@ -24,3 +26,31 @@ def test_parts_measured_past_their_window_are_cut_to_it():
     spent = breakdown(0.0, 10.0, {"started_at": 1.0, "ended_at": 5.0}, HISTORY * 3, {"seconds": 2.0}, None)
     assert spent == {"preparing": 0.0, "step_tuning": 1.0, "epochs": 4.0, "input_stall_probe": 0.0,
                      "other_in_fit": 0.0, "after_training": 5.0}
+
+
+def test_run_fn_runs_with_what_the_process_already_held_set_aside_from_the_collector_and_gets_it_back():
+    """In `hpml run` the Trainer shares its process with Beam's and Transform's objects; every full collection
+    while the training step traced scanned them all, which nearly doubled the trace at 1M rows."""
+    import gc
+
+    from hpml.components.trainer.executor import _run_in_process
+
+    held = [[i] for i in range(10_000)]  # what earlier components left, still alive
+    seen = {}
+
+    def run_fn(_):
+        seen["frozen"] = gc.get_freeze_count()
+        raise ValueError("run_fn failed")
+
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(ValueError, match="run_fn failed"):
+        _run_in_process(run_fn, None, "GZIP")
+    assert seen["frozen"] >= len(held), "set aside while run_fn ran"
+    assert gc.get_freeze_count() == 0, "and back under the collector afterwards, failed or not"
+
+    gc.freeze()  # a process that sets objects aside itself keeps them so
+    try:
+        _run_in_process(lambda _: None, None, "GZIP")
+        assert gc.get_freeze_count() >= len(held)
+    finally:
+        gc.unfreeze()
