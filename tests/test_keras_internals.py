@@ -61,3 +61,42 @@ def test_sublayers_walk_into_nested_models():
     names = [layer.name for layer in keras_internals.sublayers(model, include_self=False)]
     assert "inner_dense" in names and "head" in names and "block" in names
     assert keras_internals.sublayers(model)[0] is model
+
+
+def _classifier():
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(3)])
+    model.compile(tf_keras.optimizers.Adam(0.01), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    model.build((None, 3))
+    return model
+
+
+def _batches():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0))).batch(8)
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_metrics_built_before_the_first_step_make_its_train_function_trace_once_and_train_the_same(strategy):
+    """tf.function traces a function twice where its first trace created variables: the compiled metrics, which
+    tf_keras builds on the first step. Built beforehand from one batch, they cost the trace nothing, and training
+    ends with the same weights, metrics and history."""
+    def trained(prebuilt: bool):
+        scope = tf.distribute.MirroredStrategy(["/cpu:0"]) if strategy == "mirrored" else tf.distribute.get_strategy()
+        with scope.scope():
+            model = _classifier()
+        if prebuilt:
+            keras_internals.build_compiled_metrics(model, next(iter(_batches())))
+        model.optimizer.build(model.trainable_variables)
+        model.make_train_function(force=True)
+        history = model.fit(_batches(), epochs=2, verbose=0).history
+        return model.train_tf_function.experimental_get_tracing_count(), model.get_weights(), history
+
+    traces, weights, history = trained(prebuilt=True)
+    plain_traces, plain_weights, plain_history = trained(prebuilt=False)
+    assert (traces, plain_traces) == (1, 2)
+    assert history == plain_history
+    for a, b in zip(weights, plain_weights):
+        np.testing.assert_array_equal(a, b)
