@@ -62,6 +62,11 @@ def _signatures(model, tf_transform_output, label_key: str, class_names: list[st
     names = tf.constant(class_names or [], dtype=tf.string)
     examples = tf.TensorSpec(shape=[None], dtype=tf.string, name="examples")
 
+    # One trace of the transform graph and the model, which both serving signatures call: they differ only in how
+    # they get to parsed raw features (each traces its own where a feature is of a kind without a fixed spec).
+    parsed_specs = {name: _parsed_spec(feature) for name, feature in raw_spec.items()}
+
+    @tf.function(autograph=False, input_signature=[parsed_specs] if None not in parsed_specs.values() else None)
     def predict(parsed):
         transformed = model.tft_layer(parsed)
         transformed.pop(label_key, None)
@@ -101,6 +106,16 @@ def _signatures(model, tf_transform_output, label_key: str, class_names: list[st
 
         signatures[CLASS_NAMES_SIGNATURE] = class_names_by_column.get_concrete_function()
     return signatures
+
+
+def _parsed_spec(feature):
+    """What tf.io.parse_example gives for a raw feature, and `_as_parsed` too: dense for a fixed-length feature, sparse
+    for a variable-length one; None for other kinds."""
+    if isinstance(feature, tf.io.FixedLenFeature):
+        return tf.TensorSpec([None, *feature.shape], feature.dtype)
+    if isinstance(feature, tf.io.VarLenFeature):
+        return tf.SparseTensorSpec([None, None], feature.dtype)
+    return None
 
 
 def _one_value(feature) -> bool:
