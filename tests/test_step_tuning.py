@@ -1,6 +1,8 @@
 """The tuned training step: which precisions a device is worth measuring, what measuring may cost, that the tuned
 step trains exactly as the plain one, that a choice is reused and a pinned knob kept, and that backups still land
 on save_freq steps when a call runs several steps."""
+import math
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -83,6 +85,28 @@ def test_the_choice_counts_what_fit_adds_to_each_call():
     assert smallest_as_fast(bursts, batch) == 64
     slow_steps = {v: batch / (20e-3 + 0.5e-3 / v) for v in (1, 2, 4, 8, 16, 32, 64)}  # the call's cost is noise
     assert smallest_as_fast(slow_steps, batch) == 2
+
+
+def test_the_sweep_keeps_to_its_limit_however_long_a_call_of_the_largest_values_takes():
+    """A short training's sweep may take MIN_SWEEP_S; a call of 64 steps of a slower step alone took longer (a 1M-row
+    run's sweep took 0.5 s for 2 s of training). A value whose burst would end past the limit is not started, and the
+    round ends there; with no limit, both rounds run to the knee as before."""
+    from hpml.components.trainer import keras_internals
+    from hpml.components.trainer.step_tuning.sweep import burst_s, sweep
+
+    batch = 256
+    model = _model(width=4096)  # a few ms a step here: a call of 64 steps alone lasts longer than the limit
+    keras_internals.build_looping_train_function(model, 64)
+    iterator = iter(_data().unbatch().batch(batch, drop_remainder=True))
+    model.train_function(iterator)  # traced, outside the timing
+    values, limit = [1, 64], 0.1  # no knee to end the round: only the limit can
+    rates, rounds = sweep(model, iterator, batch, values, lambda rates: limit)
+    assert burst_s(64, batch, rates[1]) > limit, "a call of 64 steps alone is past the limit"
+    assert list(rates) == [1], rates  # measured twice: two rounds fit the limit, 64 in neither
+    assert burst_s(1, batch, 1e9) == pytest.approx(0.03), "a burst lasts BURST_S at least"
+
+    unlimited, rounds = sweep(model, iterator, batch, values, lambda rates: math.inf)
+    assert sorted(unlimited) == [1, 64] and rounds == 2
 
 
 def _data(rows=4096, seed=0):

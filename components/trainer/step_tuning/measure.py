@@ -3,6 +3,7 @@ and keep it in the cache."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from hpml.components.trainer import keras_internals
@@ -114,10 +115,10 @@ class _Measurement:
                 value *= 2
         self.trace_s = warm_up(model, self.iterator, self.spe_values[0])
         sweep_started = time.perf_counter()
-        self.rates, rounds = sweep(
+        self.rates, rounds = sweep(  # half the budget the rate so far predicts, and MIN_SWEEP_S however short
             model, self.iterator, self.batch_size, self.spe_values,
-            lambda rates: time.perf_counter() - sweep_started > max(
-                MIN_SWEEP_S, measure_budget_s(self.total_steps * self.batch_size / max(rates.values())) / 2))
+            lambda rates: max(MIN_SWEEP_S, measure_budget_s(self.total_steps * self.batch_size / max(rates.values()))
+                              / 2))
         self.round_s = (time.perf_counter() - sweep_started) / rounds
         self.spe = smallest_as_fast(self.rates, self.batch_size)
         tuning.measured += [{"steps_per_execution": v, "jit_compile": False, "precision": FLOAT32,
@@ -233,7 +234,7 @@ class _Measurement:
 
         with restored_afterwards(trained):
             warm_up(trained, self.iterator, self.spe_values[0])
-            again, _ = sweep(trained, self.iterator, self.batch_size, self.spe_values, lambda rates: False)
+            again, _ = sweep(trained, self.iterator, self.batch_size, self.spe_values, lambda rates: math.inf)
         self.spe = smallest_as_fast(again, self.batch_size)
         self.results[(jit, precision)] = again[self.spe]
         self.tuning.measured += [{"steps_per_execution": v, "jit_compile": jit, "precision": precision,

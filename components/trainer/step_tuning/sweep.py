@@ -30,24 +30,35 @@ def burst_rate(model, iterator, batch_size: int, steps: int) -> float:
     return calls * steps * batch_size / (time.perf_counter() - started)
 
 
-def sweep(model, iterator, batch_size: int, values: list[int], enough) -> tuple[dict[int, float], int]:
+def sweep(model, iterator, batch_size: int, values: list[int], limit_s) -> tuple[dict[int, float], int]:
     """Examples/s at each steps_per_execution in `values`, best of up to two interleaved rounds (this machine's
-    noise hits every value alike), and the rounds run; a round stops two doublings past the knee, and
-    `enough(rates)` ends the sweep after its first round."""
+    noise hits every value alike), and the rounds run. A round stops two doublings past the knee, or before a value
+    whose burst would end past `limit_s(rates)` seconds of sweeping (a call of that many steps lasts longest: for
+    short training the largest values alone would pass the limit); a round that ends past it is the last."""
     rates: dict[int, float] = {}
-    for rounds in (1, 2):  # noqa: B007 - how many ran is returned
-        best_so_far, flat = 0.0, 0
+    started, rounds = time.perf_counter(), 0
+    for _ in (1, 2):
+        best_so_far, flat, measured = 0.0, 0, False
         for value in values:
+            if rates and time.perf_counter() - started + burst_s(value, batch_size, max(rates.values())) > \
+                    limit_s(rates):
+                break
             rate = burst_rate(model, iterator, batch_size, value)
-            rates[value] = max(rates.get(value, 0.0), rate)
+            rates[value], measured = max(rates.get(value, 0.0), rate), True
             # Past the knee, more steps per call only cost time: two doublings without a gain end the round.
             flat = flat + 1 if rates[value] < (1 + WITHIN) * best_so_far else 0
             best_so_far = max(best_so_far, rates[value])
             if flat >= 2:
                 break
-        if enough(rates):
+        rounds += measured
+        if not measured or time.perf_counter() - started > limit_s(rates):
             break
     return rates, rounds
+
+
+def burst_s(steps: int, batch_size: int, examples_per_s: float) -> float:
+    """How long a burst at `steps` per call lasts at `examples_per_s`: BURST_S, or one call where that is longer."""
+    return max(BURST_S, steps * batch_size / examples_per_s)
 
 
 def smallest_as_fast(rates: dict[int, float], batch_size: int | None = None) -> int:
