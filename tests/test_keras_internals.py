@@ -63,35 +63,49 @@ def test_sublayers_walk_into_nested_models():
     assert keras_internals.sublayers(model)[0] is model
 
 
-def _classifier():
+def _classifier(classes: int = 3):
+    """A 3-class classifier on logits, or (classes=1) a binary one on a sigmoid: Keras picks "accuracy"'s kind from the
+    shapes it is built with."""
     tf_keras.utils.set_random_seed(0)
-    model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(3)])
-    model.compile(tf_keras.optimizers.Adam(0.01), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    if classes == 1:
+        model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"),
+                                     tf_keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(tf_keras.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])
+    else:
+        model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(classes)])
+        model.compile(tf_keras.optimizers.Adam(0.01),
+                      tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     model.build((None, 3))
     return model
 
 
-def _batches():
+def _batches(classes: int = 3):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(64, 3)).astype("float32")
-    return tf.data.Dataset.from_tensor_slices((x, (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0))).batch(8)
+    y = (x[:, 0] > 0).astype("int64") + (0 if classes == 1 else (x[:, 1] > 0))
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
 
 
+@pytest.mark.parametrize("built_from", ["batch", "spec"])
+@pytest.mark.parametrize("classes", [3, 1])
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
-def test_metrics_built_before_the_first_step_make_its_train_function_trace_once_and_train_the_same(strategy):
+def test_metrics_built_before_the_first_step_make_its_train_function_trace_once_and_train_the_same(
+        strategy, classes, built_from):
     """tf.function traces a function twice where its first trace created variables: the compiled metrics, which
-    tf_keras builds on the first step. Built beforehand from one batch, they cost the trace nothing, and training
-    ends with the same weights, metrics and history."""
+    tf_keras builds on the first step. Built beforehand, from one batch or from the dataset's spec and the model's
+    symbolic outputs, they cost the trace nothing, and training ends with the same weights, metrics and history (a
+    metric built from the wrong shapes would count another kind of accuracy)."""
     def trained(prebuilt: bool):
         scope = tf.distribute.MirroredStrategy(["/cpu:0"]) if strategy == "mirrored" else tf.distribute.get_strategy()
         with scope.scope():
-            model = _classifier()
-        if prebuilt:
-            keras_internals.build_compiled_metrics(model, next(iter(_batches())))
+            model = _classifier(classes)
+        if prebuilt and built_from == "batch":
+            keras_internals.build_compiled_metrics(model, next(iter(_batches(classes))))
+        elif prebuilt:
+            assert keras_internals.build_compiled_metrics_from_spec(model, _batches(classes).element_spec, 8)
         model.optimizer.build(model.trainable_variables)
         model.make_train_function(force=True)
-        history = model.fit(_batches(), epochs=2, verbose=0).history
+        history = model.fit(_batches(classes), epochs=2, verbose=0).history
         return model.train_tf_function.experimental_get_tracing_count(), model.get_weights(), history
 
     traces, weights, history = trained(prebuilt=True)
@@ -100,3 +114,23 @@ def test_metrics_built_before_the_first_step_make_its_train_function_trace_once_
     assert history == plain_history
     for a, b in zip(weights, plain_weights):
         np.testing.assert_array_equal(a, b)
+
+
+def test_metrics_are_left_to_a_real_batch_where_the_spec_or_the_model_cannot_say_the_shapes():
+    class Subclassed(tf_keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = tf_keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(x)
+
+    subclassed = Subclassed()
+    subclassed.compile("adam", "sparse_categorical_crossentropy", ["accuracy"])
+    assert not keras_internals.build_compiled_metrics_from_spec(subclassed, _batches().element_spec, 8)
+    sparse_label = (tf.TensorSpec([None, 3], tf.float32), tf.SparseTensorSpec([None, 1], tf.int64))
+    unknown_width = (tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, None], tf.int64))
+    for spec in (sparse_label, unknown_width, tf.TensorSpec([None, 3], tf.float32)):
+        model = _classifier()
+        assert not keras_internals.build_compiled_metrics_from_spec(model, spec, 8)
+        assert not model.compiled_metrics._built, "nothing built"

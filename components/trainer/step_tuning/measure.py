@@ -27,18 +27,18 @@ def tune_step(model, dataset, *, batch_size: int, total_steps: int, pinned: dict
     pinned = {k: v for k, v in (pinned or {}).items() if v is not None}
     if set(KNOBS) <= set(pinned):  # nothing left to measure
         choice = StepChoice(int(pinned["steps_per_execution"]), bool(pinned["jit_compile"]), pinned["precision"])
-        return _metrics_built(apply_choice(model, choice, rebuild), dataset), StepTuning(
+        return _metrics_built(apply_choice(model, choice, rebuild), dataset, batch_size), StepTuning(
             choice, reasons=dict.fromkeys(KNOBS, "pinned in hyperparameters"))
     device = device or this_device()
     key = cache_key(model, batch_size, device, f"{json.dumps(pinned, sort_keys=True)} {dataset.element_spec}")
     cached = read_cache(cache_dir, key)
     if cached is not None:
         cached.reused, cached.seconds, cached.trace_s = True, 0.0, 0.0
-        return _metrics_built(apply_choice(model, cached.choice, rebuild), dataset), cached
+        return _metrics_built(apply_choice(model, cached.choice, rebuild), dataset, batch_size), cached
     from hpml.components.trainer.model_state import restored_afterwards
 
     started = time.perf_counter()
-    _metrics_built(model, dataset)  # before the trace that measuring makes and fit reuses
+    _metrics_built(model, dataset, batch_size)  # before the trace that measuring makes and fit reuses
     model.optimizer.build(model.trainable_variables)  # its slots exist now, to be put back after measuring
     with restored_afterwards(model):
         choice, tuning, trained = _measure(model, dataset, batch_size, total_steps, pinned, rebuild, device,
@@ -50,9 +50,11 @@ def tune_step(model, dataset, *, batch_size: int, total_steps: int, pinned: dict
     return model, tuning
 
 
-def _metrics_built(model, dataset):
-    """`model`, its compiled metrics built on the first batch of `dataset`: its train function then traces once."""
-    keras_internals.build_compiled_metrics(model, next(iter(dataset.take(1))))
+def _metrics_built(model, dataset, batch_size: int):
+    """`model`, its compiled metrics built for batches of `dataset`: its train function then traces once. From the
+    dataset's spec where it can, else on its first batch."""
+    if not keras_internals.build_compiled_metrics_from_spec(model, dataset.element_spec, batch_size):
+        keras_internals.build_compiled_metrics(model, next(iter(dataset.take(1))))
     return model
 
 
