@@ -275,6 +275,13 @@ def _targets(data: dict) -> list[str]:
         ". Where the rest goes is in the last column of the table below (the run record's `trainer_seconds.*`): "
         "building the data and the model, tuning the step on the first run (its trace is the one training "
         "reuses), timing the input stall, and after fit the per-class report and the export."]
+    traced = {f"{rows:,} rows": run["Trainer_s"] / (run["epochs_s"] + run["trainer_step_trace_s"])
+              for rows, run in ((rows, size.get("run", {})) for rows, size in sizes.items())
+              if run.get("trainer_step_trace_s")}
+    lines += [] if not traced else [
+        "  The same with the step's trace (`step_trace`: a first run's tuning makes it and fit reuses it, where a "
+        "later run's or plain `fit`'s first epoch pays it) counted with the epochs: "
+        + "; ".join(f"{where} {ratio:.2f}x" for where, ratio in traced.items()) + "."]
     if 1_000_000 in sizes and 10_000_000 in sizes:
         small, large = sizes[1_000_000], sizes[10_000_000]
         growth = {kind: large[kind]["peak_rss_mib"] / small[kind]["peak_rss_mib"]

@@ -51,7 +51,7 @@ def test_report_shows_params_plan_input_pipeline_and_durations(report):
 
 def test_the_report_shows_where_the_trainers_time_went(report):
     """Each part of the Trainer's time is what its own record says: the epochs are metrics.jsonl's seconds, the
-    tuning and the stall probe their files' seconds; together they fit inside the Trainer's duration."""
+    tuning (with the step's trace apart) and the stall probe their files' seconds; together they fit inside the Trainer's duration."""
     from hpml.components import artifacts
     from hpml.components.trainer.callbacks import read_metrics
     from hpml.components.trainer.time_breakdown import PARTS
@@ -61,8 +61,11 @@ def test_the_report_shows_where_the_trainers_time_went(report):
     assert list(spent) == list(PARTS) and min(spent.values()) >= 0.0, spent
     assert spent["epochs"] == pytest.approx(sum(epoch["seconds"] for epoch in read_metrics(run_dir)))
     assert len(read_metrics(run_dir)) == report["run"]["conf"]["epochs"]
-    for part, name in (("step_tuning", artifacts.TUNED_STEP_FILE), ("input_stall_probe", artifacts.STALL_FILE)):
-        assert spent[part] == pytest.approx(json.load(open(os.path.join(run_dir, name)))["seconds"]), part
+    tuned = json.load(open(os.path.join(run_dir, artifacts.TUNED_STEP_FILE)))
+    assert spent["step_tuning"] + spent["step_trace"] == pytest.approx(tuned["seconds"])
+    assert spent["step_trace"] == pytest.approx(tuned["trace_s"]) and tuned["trace_s"] > 0.0
+    assert spent["input_stall_probe"] == pytest.approx(
+        json.load(open(os.path.join(run_dir, artifacts.STALL_FILE)))["seconds"])
     assert spent["input_stall_probe"] > 0.0 and spent["preparing"] > 0.0 and spent["after_training"] > 0.0
     trainer = report["run"]["summary"].durations["Trainer"]
     assert 0.5 * trainer < sum(spent.values()) <= trainer + 0.05, (spent, trainer)

@@ -7,12 +7,16 @@ HISTORY = [{"seconds": 3.0}, {"seconds": 2.0}]
 
 
 def test_the_parts_add_up_to_the_trainers_time():
-    spent = breakdown(100.0, 120.0, {"started_at": 104.0, "ended_at": 116.5}, HISTORY, {"seconds": 1.5},
-                      {"seconds": 0.75})
+    spent = breakdown(100.0, 120.0, {"started_at": 104.0, "ended_at": 116.5}, HISTORY,
+                      {"seconds": 1.5, "trace_s": 0.5}, {"seconds": 0.75})
     assert list(spent) == list(PARTS)
-    assert spent == {"preparing": 2.5, "step_tuning": 1.5, "epochs": 5.0, "input_stall_probe": 0.75,
-                     "other_in_fit": 6.75, "after_training": 3.5}
+    assert spent == {"preparing": 2.5, "step_tuning": 1.0, "step_trace": 0.5, "epochs": 5.0,
+                     "input_stall_probe": 0.75, "other_in_fit": 6.75, "after_training": 3.5}
     assert sum(spent.values()) == 20.0
+    # A tuning reused from the cache traced nothing: fit traces the step inside its first epoch.
+    reused = breakdown(100.0, 120.0, {"started_at": 104.0, "ended_at": 116.5}, HISTORY,
+                       {"seconds": 0.0, "trace_s": 0.0, "reused": True}, None)
+    assert reused["step_tuning"] == reused["step_trace"] == 0.0 and reused["preparing"] == 4.0
 
 
 def test_without_a_window_of_this_attempt_there_is_no_breakdown():
@@ -24,8 +28,8 @@ def test_without_a_window_of_this_attempt_there_is_no_breakdown():
 def test_parts_measured_past_their_window_are_cut_to_it():
     """A history that holds an earlier attempt's epochs, or a tuning reused from the cache: no part is negative."""
     spent = breakdown(0.0, 10.0, {"started_at": 1.0, "ended_at": 5.0}, HISTORY * 3, {"seconds": 2.0}, None)
-    assert spent == {"preparing": 0.0, "step_tuning": 1.0, "epochs": 4.0, "input_stall_probe": 0.0,
-                     "other_in_fit": 0.0, "after_training": 5.0}
+    assert spent == {"preparing": 0.0, "step_tuning": 1.0, "step_trace": 0.0, "epochs": 4.0,
+                     "input_stall_probe": 0.0, "other_in_fit": 0.0, "after_training": 5.0}
 
 
 def test_run_fn_runs_with_what_the_process_already_held_set_aside_from_the_collector_and_gets_it_back():
