@@ -51,7 +51,8 @@ def test_report_shows_params_plan_input_pipeline_and_durations(report):
 
 def test_the_report_shows_where_the_trainers_time_went(report):
     """Each part of the Trainer's time is what its own record says: the epochs are metrics.jsonl's seconds, the
-    tuning (with the step's trace apart) and the stall probe their files' seconds; together they fit inside the Trainer's duration."""
+    tuning (with the step's trace apart) and the stall probe their files' seconds; together they fit inside the
+    Trainer's duration."""
     from hpml.components import artifacts
     from hpml.components.trainer.callbacks import read_metrics
     from hpml.components.trainer.time_breakdown import PARTS
