@@ -72,6 +72,8 @@ class ComponentSpec:
     optional_inputs: frozenset[str] = field(default_factory=frozenset)
     # Inputs that take a list of artifacts (e.g. several teacher Models) instead of one.
     list_inputs: frozenset[str] = field(default_factory=frozenset)
+    # Inputs the executor reads from an object store itself, not through a whole local copy (see `staging`).
+    streamed_inputs: frozenset[str] = field(default_factory=frozenset)
     # Checks across parameters, run on the resolved values: each returns a problem or None.
     checks: tuple[Callable[[Mapping[str, Any]], str | None], ...] = ()
 
@@ -146,7 +148,8 @@ class ComponentSpec:
                 f"{self.name}: outputs must be exactly {sorted(self.outputs)}, got {sorted(outputs)}"
             )
         resolved = self.resolve_params(params)
-        with staging.staged(inputs, outputs) as (local_inputs, local_outputs):  # s3:// goes through local folders
+        # s3:// goes through local folders
+        with staging.staged(inputs, outputs, self.streamed_inputs) as (local_inputs, local_outputs):
             return dict(self.load_executor()(local_inputs, local_outputs, resolved) or {})
 
     def load_executor(self) -> Executor:

@@ -1,6 +1,7 @@
 """Components whose artifacts are on s3://, which TensorFlow cannot open: the executor runs on local folders.
 
-Each s3:// input is a local copy from the cache (`s3_cache.local_tree`, downloaded once per published version);
+Each s3:// input is a local copy from the cache (`s3_cache.local_tree`, downloaded once per published version),
+except those the component reads from the store itself (the Trainer's examples, fetched ahead of its reader);
 each s3:// output is a fresh local folder, uploaded when the executor succeeds and published the way every
 object-store artifact is: the earlier attempt's objects removed first, the manifest (`_hpml_published.json`)
 written last. A reader takes an artifact only once its manifest is there, so an upload cut short, or a retried
@@ -51,14 +52,16 @@ def _local_input(uri, held: contextlib.ExitStack):
 
 
 @contextlib.contextmanager
-def staged(inputs: Mapping, outputs: Mapping[str, str]) -> Iterator[tuple[dict, dict]]:
-    """(inputs, outputs) for the executor: local folders in place of s3:// URIs, uploaded on success."""
+def staged(inputs: Mapping, outputs: Mapping[str, str],
+           streamed: frozenset[str] = frozenset()) -> Iterator[tuple[dict, dict]]:
+    """(inputs, outputs) for the executor: local folders in place of s3:// URIs, uploaded on success. The inputs
+    named in `streamed` keep their s3:// URIs: the executor reads them from the store itself."""
     if not _any_s3(inputs) and not _any_s3(outputs):
         yield dict(inputs), dict(outputs)
         return
     started_at = time.time()  # a retry begun after this attempt, and published first, is not replaced by it
     with contextlib.ExitStack() as held:
-        local_inputs = {name: _local_input(uri, held) for name, uri in inputs.items()}
+        local_inputs = {name: uri if name in streamed else _local_input(uri, held) for name, uri in inputs.items()}
         os.makedirs(s3_cache.staging_folder(), exist_ok=True)
         s3_cache.sweep(s3_cache.staging_folder())
         work = tempfile.mkdtemp(prefix="hpml-staged-", dir=s3_cache.staging_folder())

@@ -1,13 +1,17 @@
 """Cache keys for on-disk tf.data caches: a fingerprint of the input, so stale data is never reused.
 
 tf.data's own snapshot fingerprint covers the dataset graph (file names and functions) but not
-the bytes in the files; the key adds each shard's size, modification time and leading bytes.
+the bytes in the files; the key adds each shard's size, modification time and leading bytes (on s3://,
+its size and ETag).
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import tempfile
+
+from hpml.components import s3_files
+from hpml.components.s3_files import is_s3
 
 HEAD_BYTES = 64 * 1024
 
@@ -20,6 +24,10 @@ def input_fingerprint(files: list[str], *parts: str) -> str:
     for part in parts:
         digest.update(part.encode() + b"\0")
     for path in sorted(files):
+        if is_s3(path):  # a changed object has a new ETag
+            info = s3_files.stat(path)
+            digest.update(f"{path}\0{info['size']}\0{info['etag']}\0".encode())
+            continue
         stat = tf.io.gfile.stat(path)
         digest.update(f"{path}\0{stat.length}\0{stat.mtime_nsec}\0".encode())
         with tf.io.gfile.GFile(path, "rb") as handle:

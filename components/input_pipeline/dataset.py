@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from hpml.components import s3_files
 from hpml.components.errors import InputDataError, SpecError
+from hpml.components.input_pipeline import read_ahead
 from hpml.components.input_pipeline import cache as cache_keys
 from hpml.components.input_pipeline.blocks import cut_from_blocks, cuttable, held_whole, whole_epochs
 from hpml.components.input_pipeline.packing import DensePacker, maybe_pack
@@ -19,6 +21,7 @@ from hpml.components.input_pipeline.plain import plain
 from hpml.components.input_pipeline.shards import usable_shards
 from hpml.components.input_pipeline.spec import AUTOTUNE, InputPipelineSpec, schema_fingerprint
 from hpml.components.input_pipeline.windows import ordered, shuffle_and_repeat
+from hpml.components.s3_files import is_s3
 
 
 def _calls(value: int):
@@ -176,6 +179,22 @@ class _Read:
         ).batch(self.batch_size).map(plain(self.split_label))
 
 
+def _opened_at_once(spec: InputPipelineSpec) -> int:
+    """How many shards the reader opens at once (its interleave's cycle)."""
+    import os
+
+    return (os.cpu_count() or 1) if spec.cycle_length == AUTOTUNE else max(spec.cycle_length, 1)
+
+
+def _matching(file_patterns: Sequence[str]) -> list[str]:
+    """The files the patterns match, sorted: TensorFlow's glob, or the store's listing for s3://."""
+    import tensorflow as tf
+
+    local = [pattern for pattern in file_patterns if not is_s3(pattern)]
+    remote = [path for pattern in file_patterns if is_s3(pattern) for path in s3_files.glob(pattern)]
+    return sorted(set(tf.io.gfile.glob(local) if local else []) | set(remote))
+
+
 def build_dataset(
     spec: InputPipelineSpec,
     file_patterns: Sequence[str],
@@ -198,6 +217,7 @@ def build_dataset(
     `seed` is an int or a scalar int64 tensor (a parameter-server worker draws its own); None draws one.
     `transform` runs before the cache, on parsed features; `post_cache` runs on each batch as yielded.
     `report`, if given, receives the shards skipped as corrupt and the disk cache location.
+    Shards on s3:// are read from local copies, downloaded a few shards ahead of the reader (`read_ahead`).
     """
     import tensorflow as tf
     from tensorflow_transform.tf_metadata import schema_utils
@@ -210,10 +230,15 @@ def build_dataset(
         )
     if isinstance(file_patterns, str):
         file_patterns = [file_patterns]
-    files = sorted(tf.io.gfile.glob(list(file_patterns)))
+    files = _matching(file_patterns)
     if not files:
         raise SpecError(f"no files match {', '.join(file_patterns)}")
-    files, skipped = usable_shards(files, spec.compression, spec.on_corrupt_shard)
+    reader = None
+    if any(is_s3(path) for path in files):  # read from local copies, fetched ahead of the reader
+        reader, files, skipped = read_ahead.usable_shards(files, spec.compression, spec.on_corrupt_shard,
+                                                          read_ahead.AHEAD + _opened_at_once(spec))
+    else:
+        files, skipped = usable_shards(files, spec.compression, spec.on_corrupt_shard)
     if not files:
         raise InputDataError(f"every shard matching {', '.join(file_patterns)} is corrupt: {', '.join(skipped)}")
     location = None
@@ -226,7 +251,8 @@ def build_dataset(
     feature_spec = schema_utils.schema_as_feature_spec(schema).feature_spec
     return assemble(
         spec, files,
-        open_source=lambda path: tf.data.TFRecordDataset(path, compression_type=spec.compression),
+        open_source=lambda path: tf.data.TFRecordDataset(reader.op(path) if reader else path,
+                                                         compression_type=spec.compression),
         parse_batch=lambda records: tf.io.parse_example(records, feature_spec),
         parse_one=lambda record: tf.io.parse_single_example(record, feature_spec),
         batch_size=batch_size, shuffle=shuffle, num_epochs=num_epochs, seed=seed, label_key=label_key,

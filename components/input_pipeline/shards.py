@@ -98,9 +98,11 @@ def usable_shards(files: list[str], compression: str, on_corrupt: str) -> tuple[
     return [f for f in files if f not in corrupt], corrupt
 
 
-def explain_read_error(files: list[str], compression: str, error: BaseException) -> InputDataError | None:
-    """After a tf.data read failure, the same failure with the corrupt shards named, if any are."""
-    corrupt = check_shards(files, compression)
+def explain_read_error(files: list[str], compression: str, error: BaseException,
+                       names: dict[str, str] | None = None) -> InputDataError | None:
+    """After a tf.data read failure, the same failure with the corrupt shards named, if any are; `names` gives
+    the name to show for a file read from a copy (an s3:// shard's URL)."""
+    corrupt = {(names or {}).get(path, path): message for path, message in check_shards(files, compression).items()}
     if not corrupt:
         return None
     named = corrupt_shard_error(corrupt)

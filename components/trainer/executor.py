@@ -12,12 +12,13 @@ from collections.abc import Mapping
 
 from hpml.components import artifacts, files, staging
 from hpml.components.errors import SpecError
+from hpml.components.s3_files import is_s3
 from hpml.components.trainer import backup_mirror, time_breakdown
 from hpml.components.trainer.resume import BACKUP_DIR
 from hpml.components.trainer import plan as plan_mod
 from hpml.components.trainer.callbacks import close_terminal_progress, read_metrics
 from hpml.components.trainer.distill import mode as distill_mode
-from hpml.components.input_pipeline import read_spec
+from hpml.components.input_pipeline import read_ahead, read_spec
 from hpml.components.input_pipeline.shards import explain_read_error
 from hpml.components.trainer.input_stall import STALL_FILE
 from hpml.components.trainer.fn_args import FnArgs, for_epochs, input_pipeline_data_accessor, tfxio_data_accessor
@@ -214,9 +215,8 @@ def _run_in_process(run_fn, fn_args: FnArgs, compression: str) -> None:
         gc.freeze()
     try:
         run_fn(fn_args)
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-        shards = sorted(tf.io.gfile.glob(list(fn_args.train_files) + list(fn_args.eval_files)))
-        named = explain_read_error(shards, compression, err)
+    except tf.errors.OpError as err:
+        named = read_ahead.failure() or _corrupt_shards(fn_args, compression, err)
         if named is None:
             raise
         raise named from err
@@ -224,6 +224,19 @@ def _run_in_process(run_fn, fn_args: FnArgs, compression: str) -> None:
         if freezing:
             gc.unfreeze()
         close_terminal_progress()  # before the error is printed
+        read_ahead.release()
+
+
+def _corrupt_shards(fn_args: FnArgs, compression: str, err) -> BaseException | None:
+    """After a read failure, an error naming the corrupt shards, if any are (an s3:// shard by its URL, checked
+    in the copy this process read)."""
+    import tensorflow as tf
+
+    if not isinstance(err, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
+        return None
+    shards = sorted({path for pattern in [*fn_args.train_files, *fn_args.eval_files] for path in files.glob(pattern)})
+    copies = {read_ahead.copy_of(path) or path: path for path in shards}
+    return explain_read_error([path for path in copies if not is_s3(path)], compression, err, names=copies)
 
 
 def _read_json(path: str):

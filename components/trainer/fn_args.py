@@ -18,8 +18,11 @@ def tfxio_data_accessor() -> DataAccessor:
     """A DataAccessor backed by tfx_bsl's TFXIO, as TFX builds it for tf.Example records."""
     from tfx_bsl.public import tfxio
 
-    def _tfxio(file_pattern, schema):
-        return tfxio.TFExampleRecord(file_pattern=file_pattern, schema=schema, telemetry_descriptors=["hpml"])
+    from hpml.components.input_pipeline.read_ahead import local_copies
+
+    def _tfxio(file_pattern, schema):  # TFXIO opens the files itself: shards on s3:// are downloaded first
+        return tfxio.TFExampleRecord(file_pattern=local_copies(file_pattern), schema=schema,
+                                     telemetry_descriptors=["hpml"])
 
     def tf_dataset_factory(file_pattern, dataset_options, schema=None):
         return _tfxio(file_pattern, schema).TensorFlowDataset(dataset_options)
@@ -84,13 +87,15 @@ def distinct_worker_shuffles(accessor: DataAccessor) -> DataAccessor:
     ParameterServerStrategy traces the dataset function once and runs it on every worker, so a
     fixed seed gives every worker the same batches in the same order (2 workers, 100 one-example
     steps over 217 rows: 54-57 distinct examples). Drawn per worker, each has its own order. The
-    order is then not reproducible, as the asynchronous updates already are not.
+    order is then not reproducible, as the asynchronous updates already are not. The workers run the traced
+    dataset without this process's Python, so shards on s3:// are downloaded before it is traced.
     """
+    from hpml.components.input_pipeline.read_ahead import local_copies
 
     def tf_dataset_factory(file_pattern, dataset_options, schema=None):
         if dataset_options.shuffle:
             dataset_options = dataset_options._replace(shuffle_seed=worker_drawn_seed())
-        return accessor.tf_dataset_factory(file_pattern, dataset_options, schema)
+        return accessor.tf_dataset_factory(local_copies(file_pattern), dataset_options, schema)
 
     return accessor._replace(tf_dataset_factory=tf_dataset_factory)
 

@@ -32,6 +32,7 @@ TRAINER = ComponentSpec(
     },
     optional_inputs=frozenset({"transform_graph", "schema", "input_pipeline", "base_model", "teachers"}),
     list_inputs=frozenset({"teachers"}),
+    streamed_inputs=frozenset({"examples"}),  # on s3://, shards are fetched ahead of the reader
     outputs={"model": artifacts.MODEL, "model_run": artifacts.MODEL_RUN},
     parameters={
         "module": Parameter(str, check=non_empty, help="dotted module or .py file holding run_fn"),

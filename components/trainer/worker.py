@@ -40,6 +40,7 @@ def main(job_path: str) -> int:
         _serve(config)
         return 0
 
+    from hpml.components.input_pipeline import read_ahead
     from hpml.components.trainer.backup_mirror import claimed, local_working_dir
     from hpml.components.trainer.fn_args import FnArgs, make_data_accessor
     from hpml.components.trainer.strategies import is_chief, make_strategy
@@ -59,7 +60,13 @@ def main(job_path: str) -> int:
                                   epochs=fields["hyperparameters"].get("epochs"))
     fn_args = FnArgs(**fields, data_accessor=accessor)
     with claimed(fields["working_dir"]):
-        load_function(job["module"], job["run_fn"])(fn_args)
+        try:
+            load_function(job["module"], job["run_fn"])(fn_args)
+        except Exception as err:  # a shard's download failed: tf.data passes it on as a bare op error
+            failed = read_ahead.failure()
+            if failed is None or failed is err:
+                raise
+            raise failed from err
     return 0
 
 

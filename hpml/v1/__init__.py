@@ -43,6 +43,7 @@ _EXPORTS = {
     "FnArgs": "hpml.components.trainer.fn_args:FnArgs",
     "build_dataset": "hpml.components.input_pipeline.dataset:build_dataset",
     "read_input_pipeline": "hpml.components.input_pipeline.spec:read_spec",
+    "local_copies": "hpml.components.input_pipeline.read_ahead:local_copies",
     "make_strategy": "hpml.components.trainer.strategies:make_strategy",
     "is_chief": "hpml.components.trainer.strategies:is_chief",
     "standard_callbacks": "hpml.components.trainer.callbacks:standard_callbacks",

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from hpml.components import artifacts
+from hpml.components import artifacts, files
 from hpml.components.errors import SpecError
 
 CONFIG_KEY = "distillation"
@@ -31,10 +31,9 @@ class DistillationConfig:
 def read_cache(examples_uri: str) -> dict | None:
     """The SoftTargets record of an Examples artifact (temperature, num_classes, teachers), or None."""
     path = os.path.join(examples_uri, CACHE_FILE)
-    if not os.path.isfile(path):
+    if not files.isfile(path):
         return None
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+    return json.loads(files.read_text(path))
 
 
 def teacher_serving_dir(model_uri: str) -> str:
