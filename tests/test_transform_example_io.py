@@ -89,6 +89,21 @@ def test_shards_hold_every_record_once_and_nothing_a_failed_bundle_left(penguin_
     assert os.listdir(temp) == ["left-by-a-failed-bundle.gz"], "only committed bundles' files are published"
 
 
+def test_a_large_split_is_written_as_shards_of_at_most_about_shard_records(penguin_outputs, tmp_path):
+    _, schema, shards = _penguin_examples(penguin_outputs)
+    prefix = str(tmp_path / "out" / "Split-train" / "transformed_examples")
+    pipeline = make_pipeline([])
+    _ = (pipeline | example_io.ReadExampleBatches(shards * 3, schema, records=40)
+         | example_io.WriteExampleShards(prefix, str(tmp_path / "temp"), shard_records=100))
+    run_pipeline(pipeline)
+    written = sorted((tmp_path / "out" / "Split-train").iterdir())
+    counts = [sum(1 for _ in tf.data.TFRecordDataset(str(path), compression_type="GZIP")) for path in written]
+    original = sum(1 for path in shards for _ in tf.data.TFRecordDataset(path, compression_type="GZIP"))
+    assert sum(counts) == original * 3
+    assert len(counts) >= -(-original * 3 // 139) >= 2, counts
+    assert max(counts) < 100 + 40, "a new file once 100 records are in one (batches of at most 40)"
+
+
 def test_a_split_with_no_records_gets_one_empty_shard(tmp_path):
     prefix = str(tmp_path / "Split-eval" / "transformed_examples")
     pipeline = make_pipeline([])

@@ -65,11 +65,17 @@ def ReadExampleBatches(pipeline, shards: list[str], schema, records: int = BATCH
             | "Decode" >> beam.ParDo(_DecodeFile(schema, records)))
 
 
-class _WriteBundle(beam.DoFn):
-    """Encodes each RecordBatch to tf.Examples and writes them to one temporary file per bundle; yields its path."""
+# Records per shard, at most: a reader opens several shards at once, and on s3:// fetches them ahead of itself, so a
+# large split is better many files than one (about 10 MB of GZIP tf.Examples a shard at 10 features).
+SHARD_RECORDS = 1 << 17
 
-    def __init__(self, temp_dir: str):
-        self._temp_dir = temp_dir
+
+class _WriteBundle(beam.DoFn):
+    """Encodes each RecordBatch to tf.Examples and writes them to temporary files of its bundle, a new one after
+    `SHARD_RECORDS` records; yields each file's path. The names keep a bundle's files in order."""
+
+    def __init__(self, temp_dir: str, shard_records: int = SHARD_RECORDS):
+        self._temp_dir, self._shard_records = temp_dir, shard_records
         self._writer: tfrecords.Writer | None = None
 
     def _abandon(self) -> None:
@@ -81,15 +87,21 @@ class _WriteBundle(beam.DoFn):
 
     def start_bundle(self):
         self._abandon()
-        self._path = None
+        self._path, self._bundle, self._files, self._in_file = None, uuid.uuid4().hex, 0, 0
 
-    def process(self, batch: pa.RecordBatch) -> None:
+    def process(self, batch: pa.RecordBatch) -> Iterator[str]:
         from tfx_bsl.coders import example_coder
 
         if self._writer is None:
-            self._path = os.path.join(self._temp_dir, f"{uuid.uuid4().hex}{artifacts.TFRECORD_GZ_SUFFIX}")
-            self._writer = tfrecords.Writer(self._path)
+            self._path = os.path.join(self._temp_dir,
+                                      f"{self._bundle}-{self._files:06d}{artifacts.TFRECORD_GZ_SUFFIX}")
+            self._writer, self._files, self._in_file = tfrecords.Writer(self._path), self._files + 1, 0
         self._writer.write(example_coder.RecordBatchToExamples(batch))
+        self._in_file += batch.num_rows
+        if self._in_file >= self._shard_records:
+            self._writer.close()
+            self._writer = None
+            yield self._path
 
     def finish_bundle(self):
         from apache_beam.transforms import window
@@ -125,11 +137,12 @@ def _publish(written: list[str], prefix: str, fence: Callable[[], None]) -> list
 
 
 @beam.ptransform_fn
-def WriteExampleShards(batches, prefix: str, temp_dir: str, fence: Callable[[], None] = artifacts.unfenced):
-    """Writes PCollection[pa.RecordBatch] as GZIP TFRecord shards `{prefix}-*-of-*.gz` of tf.Examples; files are
-    first written under `temp_dir`, which the caller removes, and moved into place after `fence()` (see
-    `artifacts.writer_fence`). Yields the list of shard paths."""
+def WriteExampleShards(batches, prefix: str, temp_dir: str, fence: Callable[[], None] = artifacts.unfenced,
+                       shard_records: int = SHARD_RECORDS):
+    """Writes PCollection[pa.RecordBatch] as GZIP TFRecord shards `{prefix}-*-of-*.gz` of tf.Examples, at most about
+    `shard_records` records each; files are first written under `temp_dir`, which the caller removes, and moved
+    into place after `fence()` (see `artifacts.writer_fence`). Yields the list of shard paths."""
     return (batches
-            | "Encode" >> beam.ParDo(_WriteBundle(temp_dir))
+            | "Encode" >> beam.ParDo(_WriteBundle(temp_dir, shard_records))
             | "Committed" >> beam.combiners.ToList()
             | "Publish" >> beam.Map(_publish, prefix, fence))
