@@ -34,6 +34,14 @@ def published_uri(path: str) -> str:
     return getattr(_ACTIVE, "published", {}).get(path, path)
 
 
+def source_uri(path: str) -> str:
+    """The s3:// URI of what a local input copy (or a path inside it) was downloaded from; any other path as it is."""
+    for local, uri in getattr(_ACTIVE, "sources", {}).items():
+        if path == local or path.startswith(local + os.sep):
+            return uri.rstrip("/") + path[len(local):]
+    return path
+
+
 def active() -> bool:
     """Whether the executor running in this thread works on local copies of s3:// artifacts: what it hands to
     another machine (a remote launcher's workers) would not be there."""
@@ -49,6 +57,15 @@ def _local_input(uri, held: contextlib.ExitStack):
     if isinstance(uri, (list, tuple)):
         return [_local_input(one, held) for one in uri]
     return held.enter_context(s3_cache.held_tree(uri)) if uri is not None and is_s3(uri) else uri
+
+
+def _sources(inputs: Mapping, local_inputs: Mapping) -> dict[str, str]:
+    """{local copy: s3:// URI} of the inputs that were downloaded."""
+    pairs: list[tuple[str, str]] = []
+    for name, uri in inputs.items():
+        many = isinstance(uri, (list, tuple))
+        pairs += zip(uri if many else [uri], local_inputs[name] if many else [local_inputs[name]])
+    return {local: uri for uri, local in pairs if uri is not None and is_s3(uri) and local != uri}
 
 
 @contextlib.contextmanager
@@ -70,10 +87,11 @@ def staged(inputs: Mapping, outputs: Mapping[str, str],
         local_outputs = {name: os.path.join(work, name) if is_s3(uri) else uri for name, uri in outputs.items()}
         _ACTIVE.staged = True
         _ACTIVE.published = {local_outputs[name]: uri for name, uri in outputs.items() if is_s3(uri)}
+        _ACTIVE.sources = _sources(inputs, local_inputs)
         try:
             yield local_inputs, local_outputs
         finally:
-            _ACTIVE.staged, _ACTIVE.published = False, {}
+            _ACTIVE.staged, _ACTIVE.published, _ACTIVE.sources = False, {}, {}
         for name, uri in outputs.items():
             if is_s3(uri):
                 with artifacts.publish(uri, started_at) as target:

@@ -40,6 +40,7 @@ class TrainingOperatorStandIn(LoopbackJobService):
 
     def __init__(self, workdir):
         super().__init__(workdir, self._handler())
+        self.replica_env: dict[str, str] = {}  # what the nodes' environment adds (another machine's settings)
         self.deleted: list[str] = []
         self.kubeconfig = self.workdir / "kubeconfig"
         self.pods_forbidden = False  # answer pod lists 403, as for a service account without "list pods"
@@ -63,7 +64,7 @@ class TrainingOperatorStandIn(LoopbackJobService):
         replicas = []
         for role, spec in roles:
             container = spec["template"]["spec"]["containers"][0]
-            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            env = {**{e["name"]: e["value"] for e in container.get("env", [])}, **self.replica_env}
             for index in range(spec["replicas"]):
                 name = f"{role}-{index}"
                 replica = Replica(name, container["command"], env,

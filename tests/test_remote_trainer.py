@@ -152,18 +152,38 @@ def test_remote_settings_are_checked_before_anything_is_submitted(penguin_output
     assert not os.path.exists(tmp_path / "refused")
 
 
-def test_a_remote_launcher_is_refused_for_a_model_on_s3_before_anything_is_submitted(penguin_outputs, operator, s3,
-                                                                                     tmp_path):
-    """The Trainer works on this machine's local copies of s3:// artifacts: a TFJob's pods would find none."""
-    from hpml.components import files
+def test_a_tfjob_over_artifacts_on_s3_reads_them_on_its_own_nodes_and_the_chief_uploads_the_model(
+        penguin_outputs, operator, s3, tmp_path, monkeypatch):
+    """Every artifact on s3://. The replicas, with a cache of their own (another machine's disk), download what they
+    read by its s3:// URI, not this machine's copies; the chief uploads the model, which the Trainer publishes."""
+    from hpml.components import artifacts, files
 
     root = f"{s3.root}/{tmp_path.name}"
-    with pytest.raises(SpecError, match="launcher 'kubernetes' runs the workers on other machines, which cannot read "
-                                        "this machine's local copies of the s3:// artifacts"):
-        TRAINER.run(trainer_inputs(penguin_outputs), {"model": f"{root}/model", "model_run": f"{root}/model_run"},
-                    _params())
-    assert operator.requests == [], "no job was submitted"
-    assert not files.exists(root), "nothing was uploaded"
+    inputs = {}
+    for name, uri in dict(trainer_inputs(penguin_outputs),
+                          input_pipeline=penguin_outputs["Transform"]["input_pipeline"]).items():
+        with artifacts.publish(f"{root}/{name}") as target:
+            files.copy_tree(uri, target)
+        inputs[name] = f"{root}/{name}"
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "this-machine"))
+    operator.replica_env["HPML_CACHE_DIR"] = str(tmp_path / "nodes")
+    props = TRAINER.run(inputs, {"model": f"{root}/model", "model_run": f"{root}/model_run"}, _params())
+
+    assert props["launch"]["conditions"][-1] == "Succeeded" and [row["epoch"] for row in props["history"]] == [1, 2]
+    assert props["eval_metrics"]["accuracy"] > 0.5
+    nodes = tmp_path / "nodes" / "s3"
+    shards = [path for split in ("train", "eval")
+              for path in files.glob(artifacts.transformed_examples_file_pattern(inputs["examples"], split))]
+    copies = sorted(os.listdir(nodes))
+    assert len([c for c in copies if (nodes / c).is_dir()]) == 2, "the transform graph and the input pipeline"
+    assert len([c for c in copies if (nodes / c).is_file()]) == len(shards) + 1, "each shard, and the schema"
+    model = files.tf_readable(f"{root}/model")
+    serve = tf.saved_model.load(os.path.join(model, "Format-Serving")).signatures["serving_default"]
+    examples = glob.glob(os.path.join(penguin_outputs["ExampleGen"]["examples"], "Split-eval", "*.gz"))
+    raw = [r.numpy() for r in tf.data.TFRecordDataset(examples, compression_type="GZIP")]
+    assert list(serve(examples=tf.constant(raw[:5])).values())[0].shape[0] == 5
+    assert files.isfile(f"{root}/model_run/{artifacts.EVAL_METRICS_FILE}")
+    assert not [path for path in files.glob(f"{root}/*") if path.endswith(".work")], "the working dir is removed"
 
 
 def test_penguin_pipeline_trains_on_the_cluster_the_deployment_configures(airflow_db, operator, tmp_path, monkeypatch):

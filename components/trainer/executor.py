@@ -22,7 +22,7 @@ from hpml.components.input_pipeline import read_ahead, read_spec
 from hpml.components.input_pipeline.shards import explain_read_error
 from hpml.components.trainer.input_stall import STALL_FILE
 from hpml.components.trainer.fn_args import FnArgs, for_epochs, input_pipeline_data_accessor, tfxio_data_accessor
-from hpml.components.trainer.launchers import remote
+from hpml.components.trainer.launchers import remote, s3_job
 from hpml.components.trainer.launchers.cluster_job import REMOTE_LAUNCHERS
 from hpml.components.trainer.progress_state import progress_dir, working_dir_for
 from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
@@ -141,11 +141,6 @@ def _checked_cluster(params: Mapping[str, Any], model_uri: str) -> remote.Remote
     if not _remote(params):
         return None
     cluster = remote.RemoteCluster.from_params(params["launcher"], params["cluster"])
-    if staging.active():
-        raise SpecError(f"Trainer: launcher {params['launcher']!r} runs the workers on other machines, which cannot "
-                        "read this machine's local copies of the s3:// artifacts (TensorFlow has no S3 file system)",
-                        hint="train with launcher 'local' where the artifact root is on s3://, or put it on gs:// or "
-                             "a mount every node has")
     remote.check_reachable(params["launcher"], cluster, working_dir_for(model_uri))
     return cluster
 
@@ -259,13 +254,17 @@ def _launch_remote(fn_args: FnArgs, params, plan, cluster: remote.RemoteCluster,
     """Run the workers as a TFJob or a Vertex AI CustomJob; they read the job file from shared storage."""
     from hpml.components.trainer.launchers.cluster_job import ClusterJob
 
-    job = ClusterJob(name=remote.job_name(model_uri), image=cluster.image, job_uri=_write_job(fn_args, params, plan),
+    # Over s3:// artifacts the workers download their inputs and upload the chief's outputs themselves.
+    job_args = s3_job.job_fn_args(fn_args) if staging.active() else fn_args
+    job = ClusterJob(name=remote.job_name(model_uri), image=cluster.image, job_uri=_write_job(job_args, params, plan),
                      strategy=plan.strategy, num_workers=params["num_workers"], num_ps=params["num_ps"],
                      gpus_per_worker=cluster.gpus_per_worker, cpu=cluster.cpu, memory=cluster.memory,
                      max_restarts=params["max_restarts"])
     report = remote.launch(params["launcher"], cluster, job, fn_args.working_dir, progress_dir(fn_args.working_dir),
                            params["max_restarts"])
     log.info("remote job finished: %s", report)
+    if staging.active():
+        s3_job.fetch_outputs(fn_args.working_dir, os.path.dirname(fn_args.serving_model_dir), fn_args.model_run_dir)
     return report
 
 

@@ -43,6 +43,7 @@ def main(job_path: str) -> int:
     from hpml.components.input_pipeline import read_ahead
     from hpml.components.trainer.backup_mirror import claimed, local_working_dir
     from hpml.components.trainer.fn_args import FnArgs, make_data_accessor
+    from hpml.components.trainer.launchers import s3_job
     from hpml.components.trainer.strategies import is_chief, make_strategy
 
     make_strategy(job["strategy"])  # before any other TF op: collective ops are configured at startup
@@ -56,6 +57,8 @@ def main(job_path: str) -> int:
         fields["eval_model_dir"] = os.path.join(scratch, "eval")
         files.makedirs(fields["model_run_dir"])
         # working_dir stays shared: every worker's BackupAndRestore must see the chief's backup.
+    # A remote job over s3:// artifacts: inputs copied to this machine, the chief's outputs uploaded after run_fn.
+    fields, uploads = s3_job.localized(fields, os.path.join(local_working_dir(fields["working_dir"]), "outputs"))
     accessor = make_data_accessor(fields["custom_config"].get("input_pipeline_dir"), strategy=job["strategy"],
                                   epochs=fields["hyperparameters"].get("epochs"))
     fn_args = FnArgs(**fields, data_accessor=accessor)
@@ -67,6 +70,7 @@ def main(job_path: str) -> int:
             if failed is None or failed is err:
                 raise
             raise failed from err
+    s3_job.upload(uploads)
     return 0
 
 
