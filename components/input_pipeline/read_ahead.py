@@ -76,11 +76,12 @@ class Shards:
         if not is_s3(url):
             return url
         index = self._index[url]
-        for later in self.urls[index:index + 1 + self.ahead]:
+        future = _start(url, self.check)
+        for later in self.urls[index + 1:index + 1 + self.ahead]:
             if is_s3(later):
                 _start(later, self.check)
         try:
-            return _downloads[url].result()
+            return future.result()
         except BaseException as err:
             with _lock:
                 _failures.append(err)
@@ -162,15 +163,16 @@ def failure() -> BaseException | None:
 
 def release() -> None:
     """Let go of every copy this process holds, and forget the downloads: a new reader checks the store again.
-    Downloads not yet started are cancelled; one under way finishes."""
+    Downloads not yet started are cancelled; one under way finishes. The threads end (none is left to a fork)."""
+    global _pool
     with _lock:
         pending = list(_downloads.values())
         _downloads.clear()
         _failures.clear()
+        pool, _pool = _pool, None
     for future in pending:
         future.cancel()
-    for future in pending:
-        with contextlib.suppress(BaseException):
-            future.result()
+    if pool is not None:
+        pool.shutdown(wait=True)
     with _lock:
         _holds.close()
