@@ -177,6 +177,7 @@ def test_a_tfjob_over_artifacts_on_s3_reads_them_on_its_own_nodes_and_the_chief_
     copies = sorted(os.listdir(nodes))
     assert len([c for c in copies if (nodes / c).is_dir()]) == 2, "the transform graph and the input pipeline"
     assert len([c for c in copies if (nodes / c).is_file()]) == len(shards) + 1, "each shard, and the schema"
+    assert not glob.glob(str(tmp_path / "nodes" / "s3-work" / "*" / "outputs" / "*")), "removed once uploaded"
     model = files.tf_readable(f"{root}/model")
     serve = tf.saved_model.load(os.path.join(model, "Format-Serving")).signatures["serving_default"]
     examples = glob.glob(os.path.join(penguin_outputs["ExampleGen"]["examples"], "Split-eval", "*.gz"))

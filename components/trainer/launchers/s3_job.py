@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 
 from hpml.components import artifacts, files, staging
 from hpml.components.s3_files import is_s3
@@ -72,8 +73,9 @@ def localized(fields: dict, scratch: str) -> tuple[dict, dict[str, str]]:
 
 
 def upload(uploads: dict[str, str]) -> None:
-    """The chief's outputs, each replacing what an earlier attempt uploaded."""
+    """The chief's outputs, each replacing what an earlier attempt uploaded; the local folders are then removed."""
     for local, url in uploads.items():
         files.rmtree(url)
         if os.path.isdir(local):
             files.copy_tree(local, url)
+            shutil.rmtree(local, ignore_errors=True)
