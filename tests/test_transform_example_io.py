@@ -158,12 +158,12 @@ def test_the_writer_of_a_failed_bundle_stops_when_the_next_bundle_starts(tmp_pat
     write = example_io._WriteBundle(str(tmp_path))
     batch = pa.RecordBatch.from_pydict({"x": pa.array([[1.0], [2.0]], pa.list_(pa.float32()))})
     write.start_bundle()
-    write.process(batch)
+    assert list(write.process(batch)) == [], "a file is yielded once it holds SHARD_RECORDS records, or at the end"
     thread = write._writer._thread
     assert thread.is_alive()
     write.start_bundle()  # the retry, on the same DoFn instance
     assert not thread.is_alive() and write._writer is None
-    write.process(batch)
+    assert list(write.process(batch)) == []
     paths = list(write.finish_bundle())
     write.teardown()
     assert len(paths) == 1 and len(list(tf.data.TFRecordDataset(paths[0].value, compression_type="GZIP"))) == 2
