@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 
 
 SUMMARY_KNOBS = ("cache", "map_parallelism", "cycle_length", "shuffle_buffer", "prefetch")
-# The per-stage breakdown runs the tuned pipeline over at most this many times `profile_sample_records` records: a
-# bounded sample, so the tuning step costs the same at any data size (a whole pass over 10M rows would be minutes).
+# The per-stage breakdown runs the tuned pipeline over at most this many times `profile_sample_records` records (and
+# the batches its prefetch holds beyond them): a bounded sample, so the tuning step costs the same at any data size
+# (a whole pass over 10M rows would be minutes).
 PROFILED_SAMPLES = 16
 
 
