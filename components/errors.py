@@ -49,3 +49,16 @@ def known_names(what: str, name: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     listed = f"known {what}: {', '.join(known)}"
     return f"did you mean {close[0]!r}? {listed}" if close else listed
+
+
+def interruption(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C behind `err`: itself, or one it was raised while handling (a library whose clean-up failed on
+    the way out: a database session, a half-written checkpoint). None where no Ctrl-C led to it."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None

@@ -10,7 +10,7 @@ import warnings
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from hpml.components import files
-from hpml.components.errors import USER_ERROR_EXIT, HpmlError
+from hpml.components.errors import USER_ERROR_EXIT, HpmlError, interruption
 from hpml.components.native_logs import VERBOSE_ENV, quiet_libraries, start_tensorflow
 from hpml.pipelines import models_cli, runs_cli
 
@@ -261,13 +261,22 @@ def main(argv: list[str] | None = None) -> int:
         if err.hint:
             print(f"hint: {err.hint}", file=sys.stderr)
         return USER_ERROR_EXIT
+    except Exception as err:
+        if interruption(err) is None or args.debug:
+            raise
+        return _interrupted(args)  # Ctrl-C, which a library's clean-up turned into an error of its own
     except KeyboardInterrupt:  # Ctrl-C: the run record already says where it stopped
         if args.debug:
             raise
-        print("error: interrupted", file=sys.stderr)
-        if args.func is cmd_run:
-            print("hint: hpml runs lists it as FAILED, with the component it stopped in", file=sys.stderr)
-        return INTERRUPTED_EXIT
+        return _interrupted(args)
+
+
+def _interrupted(args) -> int:
+    """Two lines for Ctrl-C, and the status a shell gives a command it stopped."""
+    print("error: interrupted", file=sys.stderr)
+    if args.func is cmd_run:
+        print("hint: hpml runs lists it as FAILED, with the component it stopped in", file=sys.stderr)
+    return INTERRUPTED_EXIT
 
 
 if __name__ == "__main__":

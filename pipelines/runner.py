@@ -16,7 +16,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from hpml.components import files
-from hpml.components.errors import SpecError
+from hpml.components.errors import SpecError, interruption
 from hpml.components.trainer.launchers.stopping import Stopped
 from hpml.pipelines import records, report
 from hpml.pipelines.dsl import Pipeline
@@ -129,6 +129,13 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
         with _active_run(context.mlflow_run_id):
             properties = node.component.run(inputs, outputs, node.params(context.params))
     except BaseException as err:
+        if not isinstance(err, KeyboardInterrupt) and interruption(err) is not None:
+            # Ctrl-C, which a library's clean-up turned into an error of its own on the way out: recorded and
+            # raised as the interruption it is (the CLI's two lines, exit status 130), not as a crash.
+            interrupted = KeyboardInterrupt()
+            interrupted.partial_history = getattr(err, "partial_history", None)  # type: ignore[attr-defined]
+            records.mark_failed(context.mlflow_run_id, node.id, interrupted, prefix)
+            raise interrupted from err
         records.mark_failed(context.mlflow_run_id, node.id, err, prefix)
         if isinstance(err, Exception) and not isinstance(err, Stopped):  # Airflow kills a stopped task in 5 s
             write_report(context, f"the run failed in {node.id}")

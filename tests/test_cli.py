@@ -277,14 +277,54 @@ def test_ctrl_c_ends_a_run_in_two_lines_and_its_record_says_where(tmp_path, engi
             assert run.poll() is None and time.monotonic() < deadline, log.read_text(encoding="utf-8")[-3000:]
             time.sleep(0.2)
         run.send_signal(signal.SIGINT)
-        assert run.wait(timeout=120) == 130, "128 + SIGINT, as a shell reports it"
+        status = run.wait(timeout=120)
     text = log.read_text(encoding="utf-8")
+    assert status == 130, f"128 + SIGINT, as a shell reports it; got {status} after:\n{text[-4000:]}"
     assert text.strip().splitlines()[-2:] == ["error: interrupted",
                                               "hint: hpml runs lists it as FAILED, with the component it stopped in"]
     if engine == "local":  # under Airflow the task log, which the run echoes, holds Airflow's own traceback
         assert "Traceback" not in text
     tags = records.load(records.recent("penguin", 1)[0].info.run_id).tags
     assert (tags["hpml.failed_node"], tags["hpml.error"]) == ("Trainer", "KeyboardInterrupt")
+
+
+_CLEAN_UP_FAILS = """
+import os, signal, time
+from hpml.components.spec import ComponentSpec
+from hpml.pipelines.dsl import Node, Pipeline
+
+
+def _interrupted_clean_up(inputs, outputs, params):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, as the terminal sends it
+        time.sleep(30)
+    except KeyboardInterrupt:
+        raise OSError("database is locked")  # the clean-up on the way out fails
+
+
+PIPELINE = Pipeline(name="interrupted", params_schema={"type": "object", "properties": {}}, nodes=(
+    Node("Cleaner", ComponentSpec("Cleaner", {}, {}, {}, _interrupted_clean_up)),))
+"""
+
+
+def test_ctrl_c_that_a_failing_clean_up_turned_into_another_error_still_ends_as_an_interruption(tmp_path):
+    """A library's clean-up can fail while Ctrl-C unwinds it (a database session, a half-written file): its error
+    replaced the KeyboardInterrupt, and the run ended in a traceback with exit status 1, recorded as a crash."""
+    import signal
+
+    from hpml.pipelines import records
+
+    (tmp_path / "interrupted").mkdir()
+    (tmp_path / "interrupted" / "pipeline.py").write_text(_CLEAN_UP_FAILS, encoding="utf-8")
+    done = subprocess.run([*HPML, "run", "interrupted", "--engine", "local"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-2:] == [
+        "error: interrupted", "hint: hpml runs lists it as FAILED, with the component it stopped in"]
+    assert "Traceback" not in done.stderr
+    summary = records.load(records.recent("interrupted", 1)[0].info.run_id)
+    assert summary.status == "FAILED"
+    assert (summary.tags["hpml.failed_node"], summary.tags["hpml.error"]) == ("Cleaner", "KeyboardInterrupt")
 
 
 def _local_run_histories(conf: dict) -> tuple[str, dict]:
