@@ -3,6 +3,7 @@ corrupt shards, the per-stage breakdown, input stall, and the Trainer's data_acc
 import dataclasses
 import json
 import os
+import time
 import shutil
 
 import numpy as np
@@ -187,6 +188,43 @@ def test_a_streamed_first_epoch_fills_the_cache_that_later_epochs_read(tuned, sh
     ids = np.concatenate([batch["id"].numpy() for batch in dataset])
     assert len(ids) == 3 * 900 and sorted(set(ids.tolist())) == sorted(parsed)
     assert len(parsed) == 900, "every record is parsed once; epochs 2 and 3 read the cache"
+
+
+def test_an_endless_read_past_its_last_pass_parses_a_small_window_not_another_whole_pass(tuned, tmp_path):
+    """fit's last batch takes a few rows from the pass after its last epoch. The endless training read drew them
+    from a full later-epoch window: every record read and parsed again (a whole pass, at 1M rows about 2 s on
+    two cores, while the last validation waited) for the last batch's few rows. Told its passes, it draws them
+    from a first-epoch-sized window, and the passes themselves are unchanged."""
+    for shard in range(4):
+        _write_shard(tmp_path / f"part-{shard}.gz", range(shard * 10_000, shard * 10_000 + 5000))
+    rows, window = 20_000, 1024  # each pass far larger than the blocks that batches are cut from (4,096 rows)
+    spec = dataclasses.replace(tuned, cache="none", vectorized_parse=True, parse_batch_size=256,
+                               first_epoch_window=window, shuffle_buffer=2 * rows, permute_slice=256, prefetch=2)
+
+    def read(passes):
+        parsed = []
+
+        def counting_transform(features):
+            def count(ids):
+                parsed.extend(ids.numpy().tolist())
+                return ids
+            features = dict(features)
+            features["id"] = tf.ensure_shape(tf.py_function(count, [features["id"]], tf.int64), features["id"].shape)
+            return features
+
+        dataset = build_dataset(spec, [str(tmp_path / "*.gz")], SCHEMA, batch_size=128, shuffle=True, seed=5,
+                                num_epochs=None, passes=passes, transform=counting_transform)
+        ids = np.concatenate([batch["id"].numpy() for batch in dataset.take(2 * rows // 128 + 1)])
+        time.sleep(0.5)  # what the pipeline reads ahead of the last batch taken is counted too
+        return ids, len(parsed)
+
+    endless, parsed_endless = read(None)
+    bounded, parsed_bounded = read(2)
+    np.testing.assert_array_equal(bounded[:2 * rows], endless[:2 * rows])
+    every_id = set(_ids(spec, str(tmp_path), shuffle=False).tolist())
+    assert sorted(bounded[:rows].tolist()) == sorted(every_id) and set(bounded[2 * rows:].tolist()) <= every_id
+    assert parsed_endless >= 3 * rows, "without passes the third pass is parsed whole"
+    assert parsed_bounded <= 2 * rows + 4 * window + 2 * 4096, f"past 2 passes, small windows only: {parsed_bounded}"
 
 
 @pytest.mark.parametrize("kwargs", [{"shuffle": False}, {"shuffle": True, "seed": 3, "num_epochs": 2}],
@@ -720,3 +758,21 @@ def test_a_trainer_of_one_epoch_caches_nothing(penguin_outputs, tmp_path):
                          {"module": "hpml.examples.penguin.module", "hyperparameters": {"epochs": 1}})
     assert result["input_cache"] == "none (one epoch reads the data once; tuned: memory)"
     assert result["history"] and len(result["history"]) == 1
+
+
+def test_the_passes_a_trainer_reads_in_full_count_its_epochs_last_batches_and_nothing_it_cannot_know():
+    """Past them the training read draws small windows (see shuffle_and_repeat): a count too high would thin the
+    shuffle of real training rows, so where an epoch is not known to be one pass none is given."""
+    from hpml.components.trainer.fn_args import training_epochs, training_passes
+
+    assert training_epochs(3, None, "one_device") == 3
+    assert training_epochs(3, 50, "one_device") is None, "the user's train_steps set the epoch, not the data"
+    assert training_epochs(3, None, "parameter_server") is None, "the coordinator hands out steps to any worker"
+    assert training_epochs(3, None, "multi_worker_mirrored") is None
+    assert training_epochs(None, None, "mirrored") is None
+    # 666,693 rows in batches of 1,024: an epoch is 652 steps, 955 rows into the next pass.
+    assert training_passes(1, 666_693, 1024) == 1
+    assert training_passes(698, 666_693, 1024) == 698 and training_passes(699, 666_693, 1024) == 700
+    assert training_passes(50, 20_000, 1024) == 51, "50 epochs of 20 steps read 51.2 passes"
+    assert training_passes(5, 1024, 1024) == 5
+    assert training_passes(3, None, 1024) is None and training_passes(None, 1000, 32) is None

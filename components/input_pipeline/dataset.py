@@ -69,6 +69,7 @@ def assemble(
     post_cache: Callable | None = None,
     cache_location: str | None = None,
     deterministic: bool | None = None,
+    passes: int | None = None,
 ):
     """The spec's pipeline over any sources: `open_source` maps a source name to a dataset of records.
 
@@ -83,7 +84,8 @@ def assemble(
     deterministic = spec.deterministic if deterministic is None else deterministic
     read = _Read(spec, batch_size or spec.batch_size, shuffle, num_epochs,
                  seed if seed is not None else random.randrange(2**31), label_key, deterministic,
-                 own=plain if transform is None else (lambda fn: fn))  # a user's transform keeps autograph
+                 own=plain if transform is None else (lambda fn: fn),  # a user's transform keeps autograph
+                 passes=passes)
 
     def parse(records, batched: bool):
         parsed = parse_batch(records) if batched else parse_one(records)
@@ -121,9 +123,10 @@ class _Read:
     shuffled first and parsed per batch."""
 
     def __init__(self, spec: InputPipelineSpec, batch_size: int, shuffle: bool, num_epochs, seed, label_key,
-                 deterministic: bool, own: Callable = plain):
+                 deterministic: bool, own: Callable = plain, passes: int | None = None):
         self.spec, self.batch_size, self.shuffle, self.num_epochs, self.seed = (spec, batch_size, shuffle,
                                                                                  num_epochs, seed)
+        self.passes = passes  # of an endless read, those its reader takes in full (see shuffle_and_repeat)
         self.own = own  # how a function that parses (and so may run the user's transform) is traced
         self.label_key = label_key
         self.parallel = _calls(spec.map_parallelism)
@@ -156,7 +159,7 @@ class _Read:
                 if not cache_location:
                     raise SpecError("the spec caches on disk but no cache location was given")
                 parsed = parsed.snapshot(cache_location)
-            units = shuffle_and_repeat(parsed, spec, self.shuffle, self.num_epochs, self.seed,
+            units = shuffle_and_repeat(parsed, spec, self.shuffle, self.num_epochs, self.seed, passes=self.passes,
                                        parallel=self.parallel, in_order=self.in_order, finish=finish)
         if self.num_epochs is None and cuttable(units.element_spec):
             batches = cut_from_blocks(units, self.batch_size, spec.prefetch if prefetch_blocks else 0)
@@ -169,7 +172,7 @@ class _Read:
     def parsed_late(self, chunks, parse: Callable):
         """Records shuffled as serialized chunks, then parsed a batch at a time (or one by one)."""
         records = shuffle_and_repeat(chunks, self.spec, self.shuffle, self.num_epochs, self.seed,
-                                     parallel=self.parallel, in_order=self.in_order)
+                                     parallel=self.parallel, in_order=self.in_order, passes=self.passes)
         if self.spec.vectorized_parse:
             return records.rebatch(self.batch_size).map(
                 self.own(lambda r: self.split_label(parse(r, True))), num_parallel_calls=self.parallel,
@@ -210,10 +213,13 @@ def build_dataset(
     cache_dir: str | None = None,
     deterministic: bool | None = None,
     report: dict | None = None,
+    passes: int | None = None,
 ):
     """A batched dataset of (features, label), or of features, read from TFRecord shards as the spec says.
 
-    `num_epochs=None` repeats forever; a cache is only used when the data is read more than once.
+    `num_epochs=None` repeats forever; a cache is only used when the data is read more than once. `passes`, with
+    it, says how many passes the reader takes in full (fit's epochs): past them, the rows that fill the last
+    batch come from small windows, not from a whole further pass read and parsed for them.
     `seed` is an int or a scalar int64 tensor (a parameter-server worker draws its own); None draws one.
     `transform` runs before the cache, on parsed features; `post_cache` runs on each batch as yielded.
     `report`, if given, receives the shards skipped as corrupt and the disk cache location.
@@ -257,4 +263,5 @@ def build_dataset(
         parse_one=lambda record: tf.io.parse_single_example(record, feature_spec),
         batch_size=batch_size, shuffle=shuffle, num_epochs=num_epochs, seed=seed, label_key=label_key,
         transform=transform, post_cache=post_cache, cache_location=location, deterministic=deterministic,
+        passes=passes,
     )

@@ -8,6 +8,10 @@ from hpml.components.input_pipeline.plain import plain
 from hpml.components.input_pipeline.spec import InputPipelineSpec
 
 
+# Chunks in a window of what an endless read takes past its last full pass: a few batches' rows, not a whole pass.
+PAST_WINDOW_CHUNKS = 8
+
+
 def ordered(calls, deterministic: bool):
     """`deterministic` only means something to a parallel stage; tf.data warns otherwise."""
     return deterministic if calls is not None else None
@@ -75,7 +79,8 @@ def _permuted_windows(chunks, spec: InputPipelineSpec, window_records: int, seed
 
 
 def shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epochs, seed, *,
-                        finish: Callable | None = None, parallel=None, in_order: bool = True):
+                        finish: Callable | None = None, parallel=None, in_order: bool = True,
+                        passes: int | None = None):
     """Each epoch: chunks in a shuffled order, joined into windows, each window's rows permuted.
 
     Everything here works on chunks, windows and slices of windows, never on single records, so its
@@ -86,6 +91,12 @@ def shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epoch
     that batches flow while the rest is still being parsed instead of after the last shard.
     A permuted window is gathered in slices of `permute_slice` records, `parallel` at a time, each
     then passed through `finish`; without `shuffle`, `finish` runs on the chunks themselves.
+
+    `passes`, for an endless read (`num_epochs=None`), is how many passes its reader takes in full (see
+    `training_passes`). What it reads past them, the rows that fill its last batch, comes from windows of at most
+    `PAST_WINDOW_CHUNKS` chunks, the next ones read. A full later-epoch window (all the data, where it fits)
+    would be read and parsed for those few rows, and the next one after it, while the run's last validation
+    waits for the cores.
     """
     if not shuffle:
         units = chunks.repeat(num_epochs) if num_epochs != 1 else chunks
@@ -101,7 +112,12 @@ def shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epoch
         windows = _permuted_windows(chunks, spec, first_window, seed, shuffle_chunks=False)
         if num_epochs != 1:
             later = _permuted_windows(chunks, spec, spec.shuffle_buffer, seed + 1)
-            windows = windows.concatenate(later.repeat(None if num_epochs is None else num_epochs - 1))
+            last = num_epochs or passes
+            windows = windows.concatenate(later.repeat(None if last is None else last - 1))
+            if num_epochs is None and passes is not None:
+                past = min(first_window, PAST_WINDOW_CHUNKS * spec.parse_batch_size)
+                windows = windows.concatenate(
+                    _permuted_windows(chunks, spec, past, seed + 2, shuffle_chunks=False).repeat())
     slice_rows = spec.permute_slice or max(spec.shuffle_buffer, first_window)
     # The next window is joined and its order drawn while this one is gathered.
     slices = windows.prefetch(1).flat_map(plain(lambda window, order: _slices(window, order, slice_rows)))

@@ -21,7 +21,8 @@ from hpml.components.trainer.distill import mode as distill_mode
 from hpml.components.input_pipeline import read_ahead, read_spec
 from hpml.components.input_pipeline.shards import explain_read_error
 from hpml.components.trainer.input_stall import STALL_FILE
-from hpml.components.trainer.fn_args import FnArgs, for_epochs, input_pipeline_data_accessor, tfxio_data_accessor
+from hpml.components.trainer.fn_args import (FnArgs, for_epochs, input_pipeline_data_accessor, tfxio_data_accessor,
+                                             training_epochs)
 from hpml.components.trainer.launchers import remote, s3_job
 from hpml.components.trainer.launchers.cluster_job import REMOTE_LAUNCHERS
 from hpml.components.trainer.progress_state import progress_dir, working_dir_for
@@ -93,8 +94,9 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     input_cache = _input_cache(spec, params)
     if input_cache:
         log.info("input pipeline cache: %s", input_cache)
-    data_accessor = (input_pipeline_data_accessor(spec, skipped_shards, params["hyperparameters"].get("epochs"))
-                     if spec else tfxio_data_accessor())
+    epochs = params["hyperparameters"].get("epochs")
+    data_accessor = (input_pipeline_data_accessor(spec, skipped_shards, epochs, training_epochs(
+        epochs, params["train_steps"], plan.strategy)) if spec else tfxio_data_accessor())
     # Run-scoped, where the model is published: on s3:// the backups and live progress outlive this machine.
     working_dir = working_dir_for(staging.published_uri(outputs["model"]))
     files.makedirs(working_dir)

@@ -43,12 +43,36 @@ def for_epochs(spec, epochs: int | None):
     return spec
 
 
-def input_pipeline_data_accessor(spec, skipped_shards: dict | None = None, epochs: int | None = None) -> DataAccessor:
+def training_epochs(epochs: int | None, train_steps: int | None, strategy: str | None) -> int | None:
+    """fit's epochs where each is one pass over the training data, read by this one process: no `train_steps` of
+    the user's, and not a cluster's workers (parameter_server's coordinator hands steps to any of them). None
+    where an epoch is not known to be a pass."""
+    from hpml.components.trainer.strategies import CLUSTER_STRATEGIES
+
+    if not epochs or train_steps or strategy in CLUSTER_STRATEGIES:
+        return None
+    return int(epochs)
+
+
+def training_passes(epochs: int | None, rows: int | None, batch_size: int) -> int | None:
+    """The passes over `rows` training examples that `epochs` (see `training_epochs`) of ceil(rows / batch_size)
+    steps take in full, as `epoch_size` counts an epoch: each epoch's last batch reaches into the next pass, so
+    after many epochs their batches have read more than that many passes. None where either is unknown."""
+    if not epochs or not rows:
+        return None
+    steps = -(-rows // batch_size)
+    return epochs * steps * batch_size // rows
+
+
+def input_pipeline_data_accessor(spec, skipped_shards: dict | None = None, epochs: int | None = None,
+                                 pass_epochs: int | None = None) -> DataAccessor:
     """A DataAccessor whose tf.data datasets are built by the tuned InputPipeline spec (see `for_epochs`).
 
     TFX's TensorFlowDatasetOptions map onto `build_dataset`; record batches still come from
-    TFXIO. Shards skipped as corrupt are added to `skipped_shards`.
+    TFXIO. Shards skipped as corrupt are added to `skipped_shards`. An endless shuffled dataset, as the training
+    data is, reads past the passes that `pass_epochs` (see `training_epochs`) take in full only small windows.
     """
+    from hpml.components.artifacts import recorded_examples
     from hpml.components.input_pipeline import build_dataset
 
     spec = for_epochs(spec, epochs)
@@ -57,10 +81,13 @@ def input_pipeline_data_accessor(spec, skipped_shards: dict | None = None, epoch
         if schema is None:
             raise ValueError("the tuned input pipeline needs the schema of the examples it reads")
         report: dict = {}
+        patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
         dataset = build_dataset(
             spec, file_pattern, schema, label_key=dataset_options.label_key,
             batch_size=dataset_options.batch_size, shuffle=dataset_options.shuffle,
             num_epochs=dataset_options.num_epochs, seed=dataset_options.shuffle_seed, report=report,
+            passes=training_passes(pass_epochs, recorded_examples(patterns), dataset_options.batch_size)
+            if dataset_options.num_epochs is None and dataset_options.shuffle else None,
         )
         if skipped_shards is not None:
             skipped_shards.update(report["skipped_shards"])
@@ -101,7 +128,8 @@ def distinct_worker_shuffles(accessor: DataAccessor) -> DataAccessor:
 
 
 def make_data_accessor(input_pipeline_dir: str | None, skipped_shards: dict | None = None,
-                       strategy: str | None = None, epochs: int | None = None) -> DataAccessor:
+                       strategy: str | None = None, epochs: int | None = None,
+                       train_steps: int | None = None) -> DataAccessor:
     """The tuned accessor when an InputPipeline artifact is wired in, else TFX's TFXIO one.
 
     Under parameter_server its shuffled datasets take a seed drawn on each worker.
@@ -111,7 +139,8 @@ def make_data_accessor(input_pipeline_dir: str | None, skipped_shards: dict | No
     else:
         from hpml.components.input_pipeline import read_spec
 
-        accessor = input_pipeline_data_accessor(read_spec(input_pipeline_dir), skipped_shards, epochs)
+        accessor = input_pipeline_data_accessor(read_spec(input_pipeline_dir), skipped_shards, epochs,
+                                                training_epochs(epochs, train_steps, strategy))
     return distinct_worker_shuffles(accessor) if strategy == "parameter_server" else accessor
 
 

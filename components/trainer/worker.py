@@ -60,7 +60,7 @@ def main(job_path: str) -> int:
     # A remote job over s3:// artifacts: inputs copied to this machine, the chief's outputs uploaded after run_fn.
     fields, uploads = s3_job.localized(fields, os.path.join(local_working_dir(fields["working_dir"]), "outputs"))
     accessor = make_data_accessor(fields["custom_config"].get("input_pipeline_dir"), strategy=job["strategy"],
-                                  epochs=fields["hyperparameters"].get("epochs"))
+                                  epochs=fields["hyperparameters"].get("epochs"), train_steps=fields["train_steps"])
     fn_args = FnArgs(**fields, data_accessor=accessor)
     with claimed(fields["working_dir"]):
         try:
