@@ -171,9 +171,8 @@ def test_the_first_epoch_streams_in_small_windows_and_later_epochs_permute_every
                                   epochs)
 
 
-def test_a_streamed_first_epoch_fills_the_cache_that_later_epochs_read(tuned, shards):
-    parsed = []
-
+def _counting_transform(parsed: list):
+    """A transform that adds the ids of every record it parses to `parsed`."""
     def counting_transform(features):
         def count(ids):
             parsed.extend(ids.numpy().tolist())
@@ -181,7 +180,12 @@ def test_a_streamed_first_epoch_fills_the_cache_that_later_epochs_read(tuned, sh
         features = dict(features)
         features["id"] = tf.ensure_shape(tf.py_function(count, [features["id"]], tf.int64), features["id"].shape)
         return features
+    return counting_transform
 
+
+def test_a_streamed_first_epoch_fills_the_cache_that_later_epochs_read(tuned, shards):
+    parsed: list = []
+    counting_transform = _counting_transform(parsed)
     spec = dataclasses.replace(tuned, cache="memory", shuffle_buffer=4 * 900, first_epoch_window=tuned.parse_batch_size)
     dataset = build_dataset(spec, [os.path.join(shards, "*.gz")], SCHEMA, shuffle=True, seed=2, num_epochs=3,
                             transform=counting_transform)
@@ -194,7 +198,7 @@ def test_an_endless_read_past_its_last_pass_parses_a_small_window_not_another_wh
     """fit's last batch takes a few rows from the pass after its last epoch. The endless training read drew them
     from a full later-epoch window: every record read and parsed again (a whole pass, at 1M rows about 2 s on
     two cores, while the last validation waited) for the last batch's few rows. Told its passes, it draws them
-    from a first-epoch-sized window, and the passes themselves are unchanged."""
+    from small windows, and the passes themselves are unchanged."""
     for shard in range(4):
         _write_shard(tmp_path / f"part-{shard}.gz", range(shard * 10_000, shard * 10_000 + 5000))
     rows, window = 20_000, 1024  # each pass far larger than the blocks that batches are cut from (4,096 rows)
@@ -202,18 +206,9 @@ def test_an_endless_read_past_its_last_pass_parses_a_small_window_not_another_wh
                                first_epoch_window=window, shuffle_buffer=2 * rows, permute_slice=256, prefetch=2)
 
     def read(passes):
-        parsed = []
-
-        def counting_transform(features):
-            def count(ids):
-                parsed.extend(ids.numpy().tolist())
-                return ids
-            features = dict(features)
-            features["id"] = tf.ensure_shape(tf.py_function(count, [features["id"]], tf.int64), features["id"].shape)
-            return features
-
+        parsed: list = []
         dataset = build_dataset(spec, [str(tmp_path / "*.gz")], SCHEMA, batch_size=128, shuffle=True, seed=5,
-                                num_epochs=None, passes=passes, transform=counting_transform)
+                                num_epochs=None, passes=passes, transform=_counting_transform(parsed))
         ids = np.concatenate([batch["id"].numpy() for batch in dataset.take(2 * rows // 128 + 1)])
         time.sleep(0.5)  # what the pipeline reads ahead of the last batch taken is counted too
         return ids, len(parsed)
