@@ -272,8 +272,9 @@ def publish(uri: str, started_at: float | None = None) -> Iterator[str]:
     On a local disk that is a fresh temporary sibling, renamed to `uri` at the end; leftovers of an earlier failed
     attempt are removed first, and an earlier published output is replaced whole. On an object store it is `uri`
     itself, emptied first (an earlier attempt's files must not mix with this one's), with the manifest written last.
-    `started_at`: when a writer that publishes once its work is done (s3://, staged) began; it fails, leaving the
-    artifact alone, where an attempt that began later (its retry, while this one was cut off) published or writes it.
+    `started_at`: when this attempt began (a writer that publishes once its work is done, as staged s3:// outputs,
+    began before it publishes); on an object store it fails, leaving the artifact alone, where an attempt that began
+    later (its retry, while this one was cut off) published or writes it.
     """
     if files.is_url(uri):
         if started_at is not None:
@@ -316,24 +317,45 @@ def publish(uri: str, started_at: float | None = None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def scratch_space(uri: str) -> Iterator[str]:
+def scratch_space(uri: str, started_at: float | None = None) -> Iterator[str]:
     """Yield a folder beside the artifact at `uri`, on the same storage (so that workers on other hosts reach it),
     for one attempt's temporary files; removed when the attempt ends. Kept out of the artifact itself so that a
     cut-off attempt that writes on for a while cannot leave its temporaries inside what a newer attempt published.
-    Scratch folders of earlier attempts are removed first: an attempt still writing into one then fails."""
+    `started_at`: when this attempt began (default: now), written into the folder's name. Scratch folders of
+    attempts that began earlier are removed first (an attempt still writing into one then fails); where one that
+    began later is there, this attempt was taken over while it was cut off, and ends with a SpecError."""
+    started_at = time.time() if started_at is None else started_at
     parent, base = os.path.split(uri.rstrip("/"))
     prefix = f"{base}{_TMP_MARKER}scratch-"
     with contextlib.suppress(FileNotFoundError):
         for name in files.listdir(parent):
-            if name.startswith(prefix):
-                _remove_scratch(f"{parent}/{name}" if files.is_url(parent) else os.path.join(parent, name))
-    scratch = f"{parent}/{prefix}{uuid.uuid4().hex[:12]}" if files.is_url(parent) else \
-        os.path.join(parent, prefix + uuid.uuid4().hex[:12])
+            if not name.startswith(prefix):
+                continue
+            if _scratch_started_at(name[len(prefix):]) > started_at:
+                raise SpecError(f"{uri}: an attempt of this task that began after this one is working on it "
+                                f"({name}); this attempt leaves it to that one", hint=_TAKEN_OVER)
+            _remove_scratch(f"{parent}/{name}" if files.is_url(parent) else os.path.join(parent, name))
+    own = f"{prefix}{int(started_at * 1000):012x}-{uuid.uuid4().hex[:8]}"
+    scratch = f"{parent}/{own}" if files.is_url(parent) else os.path.join(parent, own)
     files.makedirs(scratch)
     try:
         yield scratch
     finally:
         _remove_scratch(scratch)
+
+
+def names_scratch(text: str) -> bool:
+    """Whether `text` (an error's message) names a path in an attempt's scratch folder."""
+    return f"{_TMP_MARKER}scratch-" in text
+
+
+def _scratch_started_at(suffix: str) -> float:
+    """When the attempt that named its scratch folder `<prefix><suffix>` began; 0 for a name without the time."""
+    stamp, _, _ = suffix.partition("-")
+    try:
+        return int(stamp, 16) / 1000 if _ else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _remove_scratch(path: str, attempts: int = 5) -> None:

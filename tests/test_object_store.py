@@ -142,6 +142,31 @@ def test_an_attempt_keeps_its_scratch_beside_the_artifact_and_its_retry_removes_
     assert files.listdir(f"{gcs.root}/{tmp_path.name}/Transform") == ["transform_graph"]
 
 
+def test_an_attempt_that_comes_back_after_its_retry_began_leaves_the_retrys_work_alone(gcs, tmp_path):
+    """A cut-off Transform attempt that got its network back went on to its next step: it emptied the artifact its
+    retry was writing and removed the retry's scratch folder, which failed the retry reading its own vocabularies.
+    An attempt knows when it began; one that finds a later attempt's work ends, and removes none of it."""
+    uri = f"{gcs.root}/{tmp_path.name}/Transform/transform_graph"
+    cut_off_began = time.time()
+    with artifacts.publish(uri, cut_off_began + 40) as retry, artifacts.scratch_space(uri, cut_off_began + 40) as own:
+        files.write_text(f"{retry}/transform_fn", "22")
+        files.write_text(f"{own}/tftransform_tmp/island", "Biscoe")
+        with pytest.raises(SpecError, match="began after this one"):
+            with artifacts.scratch_space(uri, cut_off_began):
+                pass
+        with pytest.raises(SpecError, match="began after this one is writing it"):
+            with artifacts.publish(uri, cut_off_began):
+                pass
+        assert files.read_text(f"{own}/tftransform_tmp/island") == "Biscoe"
+        assert files.read_text(f"{retry}/transform_fn") == "22"
+    assert _manifest(uri) == {"transform_fn": 2}
+    with artifacts.scratch_space(uri, cut_off_began + 80) as later:  # a later attempt still removes earlier ones'
+        stale = f"{gcs.root}/{tmp_path.name}/Transform/transform_graph.tmp-scratch-deadbeef"
+        files.write_text(f"{stale}/x", "1")
+    with artifacts.scratch_space(uri, cut_off_began + 90):
+        assert not list(files.walk_files(stale)) and not list(files.walk_files(later))
+
+
 def test_shards_of_an_attempt_taken_over_are_not_moved_into_the_artifact(gcs, tmp_path, penguin_outputs):
     """Transform's shard writer asks before it moves each shard into the artifact: a Beam pipeline of an attempt
     whose artifact another attempt has since published fails, and moves nothing into it."""

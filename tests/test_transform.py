@@ -151,6 +151,14 @@ def log_of_the_offset_length(inputs):
 
 def densifies_without_a_shape(inputs):
     return {"length": tf.sparse.to_dense(inputs["bill_length_mm"]), "species": inputs["species"]}
+
+
+def reads_a_vanished_temporary_file(inputs):
+    tf.io.gfile.GFile("/nowhere/transform_graph.tmp-scratch-0123-ab/tftransform_tmp/island").read()
+
+
+def reads_a_missing_file_of_its_own(inputs):
+    tf.io.gfile.GFile("/nowhere/vocabularies/island").read()
 '''
 
 
@@ -189,6 +197,19 @@ def test_an_output_without_a_static_shape_is_named_before_any_work(penguin_outpu
                      r"\(densifies_without_a_shape, /.*/module.py:18\): apart from the batch dimension, every "
                      r"dimension must have a known size$")
     assert "tft.sparse_tensor_to_dense_with_shape" in error.hint
+
+
+def test_a_temporary_file_the_store_lost_is_not_called_the_users_mistake(penguin_outputs, tmp_path):
+    """tf.Transform traces preprocessing_fn again where it reads its vocabularies back from the attempt's scratch
+    folder. A store that failed that read was reported as the user's mistake (a SpecError naming the module's line),
+    which Airflow does not retry; it surfaces as the store's own error now. A file of the user's own that is missing
+    is still the user's mistake."""
+    error = _refused(penguin_outputs, tmp_path, "reads_a_vanished_temporary_file", tf.errors.NotFoundError,
+                     r"transform_graph\.tmp-scratch-0123-ab/tftransform_tmp/island")
+    assert not isinstance(error, SpecError)
+    _refused(penguin_outputs, tmp_path, "reads_a_missing_file_of_its_own", SpecError,
+             r"^Transform: preprocessing_fn failed at /.*/module\.py:\d+: NotFoundError: .*/nowhere/vocabularies/"
+             r"island")
 
 
 def test_non_finite_transformed_values_stop_transform_naming_the_feature(penguin_outputs, tmp_path):

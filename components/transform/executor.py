@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import os
+import time
 from typing import Any
 from collections.abc import Mapping
 
@@ -59,6 +60,8 @@ def _guarded(preprocessing_fn, schema):
         try:
             outputs = preprocessing_fn(inputs)
         except Exception as err:
+            if artifacts.names_scratch(str(err)):
+                raise  # the store failed tf.Transform's own temporary files: not the user's mistake, and retryable
             where = failing_line(err, preprocessing_fn)
             if isinstance(err, KeyError) and err.args and isinstance(err.args[0], str) and err.args[0] not in inputs:
                 raise SpecError(f"Transform: preprocessing_fn reads feature {err.args[0]!r}, which the raw "
@@ -180,6 +183,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
     from tfx_bsl.public import tfxio
 
+    started_at = time.time()  # a retry begun after this attempt keeps what it wrote from this one
     schema_file = artifacts.schema_path(inputs["schema"])
     schema = read_schema(schema_file)
     _check_required_features(schema, list(params["required_features"]), schema_file)
@@ -198,10 +202,10 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     tensor_adapter_config = tfxio.TFExampleRecord(
         file_pattern=shards[splits[0]], schema=schema, telemetry_descriptors=["hpml"]).TensorAdapterConfig()
 
-    with artifacts.publish(outputs["transform_graph"]) as graph_dir, \
-            artifacts.publish(outputs["transformed_examples"]) as examples_dir, \
-            artifacts.publish(outputs["input_pipeline"]) as pipeline_dir, \
-            artifacts.scratch_space(outputs["transform_graph"]) as scratch:
+    with artifacts.publish(outputs["transform_graph"], started_at) as graph_dir, \
+            artifacts.publish(outputs["transformed_examples"], started_at) as examples_dir, \
+            artifacts.publish(outputs["input_pipeline"], started_at) as pipeline_dir, \
+            artifacts.scratch_space(outputs["transform_graph"], started_at) as scratch:
         metadata_io.write_metadata(
             dataset_metadata.DatasetMetadata(schema), os.path.join(graph_dir, tft.TFTransformOutput.RAW_METADATA_DIR)
         )
