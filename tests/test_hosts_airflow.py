@@ -95,18 +95,20 @@ def test_the_penguin_dag_and_an_hpml_init_dag_run_their_tasks_on_celery_workers_
 
 def _run_state(airflow, dag_id: str, run_id: str) -> str:
     """Where a run stands, for an assertion message: its state, each task's state, try and host, and the end of
-    each failed try's log."""
+    each failed try's log (a retried task's earlier tries included)."""
     quoted = urllib.parse.quote(run_id, safe="")
     run = airflow.api(f"dags/{dag_id}/dagRuns/{quoted}")
     tasks = airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances")["task_instances"]
     lines = [f"run {run_id}: {run['state']}"]
     lines += [f"  {t['task_id']}: {t['state']}, try {t['try_number']} on {t['hostname']}" for t in tasks]
     for task in tasks:
-        if task["state"] in ("failed", "up_for_retry"):
+        tries = [task["try_number"]] if task["state"] in ("failed", "up_for_retry") else []
+        tries = list(range(1, task["try_number"])) + tries  # a task's earlier tries failed, whatever it did next
+        for number in tries:
             content = airflow.api(f"dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task['task_id']}/logs/"
-                                  f"{task['try_number']}?full_content=true")["content"]
+                                  f"{number}?full_content=true")["content"]
             events = content.splitlines() if isinstance(content, str) else [_log_line(e) for e in content]
-            lines += [f"--- {task['task_id']} try {task['try_number']}:", *events[-30:]]
+            lines += [f"--- {task['task_id']} try {number}:", *events[-30:]]
     return "\n".join(lines)
 
 
@@ -153,6 +155,9 @@ def test_a_cut_off_transform_host_a_dead_trainer_host_and_a_redis_restart_cost_r
         while not list(files.walk_files(f"{run_dir}/Transform")):  # until its outputs start to appear on the store
             assert time.monotonic() < deadline and _task(airflow, "penguin", run_id, "Transform")["state"] == "running"
             time.sleep(0.2)
+    now = _task(airflow, "penguin", run_id, "Transform")
+    assert (now["state"], now["try_number"]) == ("running", transform["try_number"]), \
+        "Transform's first try ended before its host was cut off:\n" + _run_state(airflow, "penguin", run_id)
     cut = cluster[transform["hostname"]]
     cut.disconnect()
     try:
