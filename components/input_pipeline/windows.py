@@ -93,10 +93,12 @@ def shuffle_and_repeat(chunks, spec: InputPipelineSpec, shuffle: bool, num_epoch
     then passed through `finish`; without `shuffle`, `finish` runs on the chunks themselves.
 
     `passes`, for an endless read (`num_epochs=None`), is how many passes its reader takes in full (see
-    `training_passes`). What it reads past them, the rows that fill its last batch, comes from windows of at most
-    `PAST_WINDOW_CHUNKS` chunks, the next ones read. A full later-epoch window (all the data, where it fits)
-    would be read and parsed for those few rows, and the next one after it, while the run's last validation
-    waits for the cores.
+    `training_passes`). Where the first epoch has windows of its own size, what it reads past them, the rows that
+    fill its last batch, comes from windows of at most `PAST_WINDOW_CHUNKS` chunks, the next ones read: a full
+    later-epoch window (all the data, where it fits) would be read and parsed for those few rows, and the next one
+    after it, while the run's last validation waits for the cores. Where one window size serves every epoch (data
+    parsed so fast that the first epoch needs no windows of its own), `passes` is not used: a further window of
+    such data costs little.
     """
     if not shuffle:
         units = chunks.repeat(num_epochs) if num_epochs != 1 else chunks
