@@ -156,6 +156,16 @@ def test_a_tfjob_over_artifacts_on_s3_reads_them_on_its_own_nodes_and_the_chief_
         penguin_outputs, operator, s3, tmp_path, monkeypatch):
     """Every artifact on s3://. The replicas, with a cache of their own (another machine's disk), download what they
     read by its s3:// URI, not this machine's copies; the chief uploads the model, which the Trainer publishes."""
+    root, inputs = _published_on_s3(penguin_outputs, s3, tmp_path)
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "this-machine"))
+    operator.replica_env["HPML_CACHE_DIR"] = str(tmp_path / "nodes")
+    props = TRAINER.run(inputs, {"model": f"{root}/model", "model_run": f"{root}/model_run"}, _params())
+    assert props["launch"]["conditions"][-1] == "Succeeded"
+    _assert_trained_from_s3(props, root, inputs, penguin_outputs, tmp_path / "nodes")
+
+
+def _published_on_s3(penguin_outputs, s3, tmp_path) -> tuple[str, dict[str, str]]:
+    """(a root on the store, the Trainer's inputs published under it from the penguin run's)."""
     from hpml.components import artifacts, files
 
     root = f"{s3.root}/{tmp_path.name}"
@@ -165,19 +175,23 @@ def test_a_tfjob_over_artifacts_on_s3_reads_them_on_its_own_nodes_and_the_chief_
         with artifacts.publish(f"{root}/{name}") as target:
             files.copy_tree(uri, target)
         inputs[name] = f"{root}/{name}"
-    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "this-machine"))
-    operator.replica_env["HPML_CACHE_DIR"] = str(tmp_path / "nodes")
-    props = TRAINER.run(inputs, {"model": f"{root}/model", "model_run": f"{root}/model_run"}, _params())
+    return root, inputs
 
-    assert props["launch"]["conditions"][-1] == "Succeeded" and [row["epoch"] for row in props["history"]] == [1, 2]
+
+def _assert_trained_from_s3(props: dict, root: str, inputs: dict, penguin_outputs, node_cache) -> None:
+    """The job trained two epochs from the replicas' own copies of the s3:// inputs, and its model, published on the
+    store, serves."""
+    from hpml.components import artifacts, files
+
+    assert [row["epoch"] for row in props["history"]] == [1, 2]
     assert props["eval_metrics"]["accuracy"] > 0.5
-    nodes = tmp_path / "nodes" / "s3"
+    nodes = node_cache / "s3"
     shards = [path for split in ("train", "eval")
               for path in files.glob(artifacts.transformed_examples_file_pattern(inputs["examples"], split))]
     copies = sorted(os.listdir(nodes))
     assert len([c for c in copies if (nodes / c).is_dir()]) == 2, "the transform graph and the input pipeline"
     assert len([c for c in copies if (nodes / c).is_file()]) == len(shards) + 1, "each shard, and the schema"
-    assert not glob.glob(str(tmp_path / "nodes" / "s3-work" / "*" / "outputs" / "*")), "removed once uploaded"
+    assert not glob.glob(str(node_cache / "s3-work" / "*" / "outputs" / "*")), "removed once uploaded"
     model = files.tf_readable(f"{root}/model")
     serve = tf.saved_model.load(os.path.join(model, "Format-Serving")).signatures["serving_default"]
     examples = glob.glob(os.path.join(penguin_outputs["ExampleGen"]["examples"], "Split-eval", "*.gz"))
@@ -334,6 +348,19 @@ def test_trainer_runs_multi_worker_training_as_a_vertex_custom_job(penguin_outpu
     assert job["resource"]["jobSpec"]["scheduling"] == {"timeout": "86400s", "restartJobOnWorkerRestart": True}
     assert [row["epoch"] for row in props["history"]] == [1, 2]
     assert os.path.isdir(os.path.join(out["model"], "Format-Serving")), "the chief's model is published"
+
+
+def test_a_vertex_custom_job_over_artifacts_on_s3_reads_them_on_its_own_nodes_and_the_chief_uploads_the_model(
+        penguin_outputs, vertex_ai, s3, tmp_path, monkeypatch):
+    """The same as a TFJob's: Vertex's replicas, with a cache of their own, read the s3:// inputs by their URIs, and
+    the chief uploads the model, which the Trainer publishes."""
+    root, inputs = _published_on_s3(penguin_outputs, s3, tmp_path)
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "this-machine"))
+    vertex_ai.replica_env["HPML_CACHE_DIR"] = str(tmp_path / "nodes")
+    props = TRAINER.run(inputs, {"model": f"{root}/model", "model_run": f"{root}/model_run"},
+                        _vertex_params(vertex_ai))
+    assert props["launch"]["state"] == "JOB_STATE_SUCCEEDED"
+    _assert_trained_from_s3(props, root, inputs, penguin_outputs, tmp_path / "nodes")
 
 
 def test_trainer_runs_ps_training_as_a_vertex_custom_job(penguin_outputs, vertex_ai, tmp_path):

@@ -8,7 +8,8 @@ what Vertex does with a created job: it runs each worker pool's container comman
 Vertex replica gets. The job succeeds when the chief exits 0 (Vertex's rule for the primary pool),
 fails with the failing replica's last lines, or is cancelled. The client authenticates with real
 Application Default Credentials: a service-account key generated here, used as a self-signed JWT.
-`unavailable_reads` makes the next status reads answer 503, as a flaky control plane does.
+`unavailable_reads` makes the next status reads answer 503, as a flaky control plane does; `replica_env` is
+what the replicas' machines add to their environment.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class VertexStandIn(LoopbackJobService):
         self.endpoint = self.url
         self.unavailable_reads = 0  # answer that many status reads with 503 first
         self.create_reply_delay_s = 0.0  # create the job at once, answer the create this much later
+        self.replica_env: dict[str, str] = {}  # what the replicas' machines' environment adds (their own settings)
 
     def _create(self, parent: str, body: dict) -> dict:
         job_id = str(len(self.jobs) + 1)
@@ -64,7 +66,7 @@ class VertexStandIn(LoopbackJobService):
         for role, pool, count in zip(_ROLES, pools, counts):
             container = pool.get("containerSpec", {}) if pool else {}
             command = container.get("command", []) + container.get("args", [])
-            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            env = {**{e["name"]: e["value"] for e in container.get("env", [])}, **self.replica_env}
             for index in range(count):
                 name = f"workerpool{_ROLES.index(role)}-{index}"
                 tf_config = {"cluster": cluster, "task": {"type": role, "index": index}, "environment": "cloud"}
