@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 
 from hpml.components import files
-from hpml.components.errors import InputDataError, SpecError
+from hpml.components.errors import InputDataError, SpecError, TakenOver
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def scratch_space(uri: str, started_at: float | None = None) -> Iterator[str]:
     cut-off attempt that writes on for a while cannot leave its temporaries inside what a newer attempt published.
     `started_at`: when this attempt began (default: now), written into the folder's name. Scratch folders of
     attempts that began earlier are removed first (an attempt still writing into one then fails); where one that
-    began later is there, this attempt was taken over while it was cut off, and ends with a SpecError."""
+    began later is there, this attempt was taken over while it was cut off, and ends (`TakenOver`)."""
     started_at = time.time() if started_at is None else started_at
     parent, base = os.path.split(uri.rstrip("/"))
     prefix = f"{base}{_TMP_MARKER}scratch-"
@@ -332,7 +332,7 @@ def scratch_space(uri: str, started_at: float | None = None) -> Iterator[str]:
             if not name.startswith(prefix):
                 continue
             if _scratch_started_at(name[len(prefix):]) > started_at:
-                raise SpecError(f"{uri}: an attempt of this task that began after this one is working on it "
+                raise TakenOver(f"{uri}: an attempt of this task that began after this one is working on it "
                                 f"({name}); this attempt leaves it to that one", hint=_TAKEN_OVER)
             _remove_scratch(f"{parent}/{name}" if files.is_url(parent) else os.path.join(parent, name))
     own = f"{prefix}{int(started_at * 1000):012x}-{uuid.uuid4().hex[:8]}"
@@ -388,18 +388,18 @@ _TAKEN_OVER = "an attempt whose host was cut off, or whose task was retried else
 
 def _check_writer(uri: str, attempt: str | None) -> None:
     if _writer(uri) != attempt:
-        raise SpecError(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
+        raise TakenOver(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
                         "attempt leaves it to that one", hint=_TAKEN_OVER)
 
 
 def _refuse_if_superseded(uri: str, started_at: float) -> None:
-    """A SpecError if an attempt that began after `started_at` published, or is writing, the artifact at `uri`."""
+    """`TakenOver` if an attempt that began after `started_at` published, or is writing, the artifact at `uri`."""
     for name, doing in ((PUBLISHED_FILE, "published"), (WRITER_FILE, "is writing")):
         later = False
         with contextlib.suppress(OSError, ValueError, AttributeError):
             later = json.loads(files.read_text(os.path.join(uri, name))).get("started_at", 0) > started_at
         if later:
-            raise SpecError(f"{uri}: an attempt of this task that began after this one {doing} it; this attempt "
+            raise TakenOver(f"{uri}: an attempt of this task that began after this one {doing} it; this attempt "
                             "leaves it to that one", hint=_TAKEN_OVER)
 
 

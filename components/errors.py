@@ -32,6 +32,11 @@ class SpecError(HpmlError):
     """A component parameter, pipeline parameter or artifact layout is invalid."""
 
 
+class TakenOver(SpecError):
+    """This attempt of a task was taken over by a later one (its retry, while this attempt was cut off): it ends,
+    and leaves the artifacts and the run record to that one."""
+
+
 class TrainingDiverged(HpmlError):
     """The loss became NaN or infinite: a restart from the last backup would diverge the same way."""
 
@@ -54,10 +59,22 @@ def known_names(what: str, name: str, known: Iterable[str]) -> str:
 def interruption(err: BaseException) -> KeyboardInterrupt | None:
     """The Ctrl-C behind `err`: itself, or one it was raised while handling (a library whose clean-up failed on
     the way out: a database session, a half-written checkpoint). None where no Ctrl-C led to it."""
+    found = _behind(err, KeyboardInterrupt)
+    return found if isinstance(found, KeyboardInterrupt) else None
+
+
+def taken_over(err: BaseException) -> TakenOver | None:
+    """The `TakenOver` behind `err`: itself, or one that a library (Beam, running the writer's check) wrapped."""
+    found = _behind(err, TakenOver)
+    return found if isinstance(found, TakenOver) else None
+
+
+def _behind(err: BaseException, kind: type) -> BaseException | None:
+    """`err` or the first error of `kind` in the chain of errors it was raised from or while handling."""
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
+        if isinstance(cause, kind):
             return cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__

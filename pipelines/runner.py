@@ -16,7 +16,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from hpml.components import files
-from hpml.components.errors import SpecError, interruption
+from hpml.components.errors import SpecError, interruption, taken_over
 from hpml.components.trainer.launchers.stopping import Stopped
 from hpml.pipelines import records, report
 from hpml.pipelines.dsl import Pipeline
@@ -129,6 +129,11 @@ def execute_node(pipeline: Pipeline, node_id: str, context: RunContext,
         with _active_run(context.mlflow_run_id):
             properties = node.component.run(inputs, outputs, node.params(context.params))
     except BaseException as err:
+        if taken_over(err) is not None:
+            # A later attempt of this task (its retry, while this one was cut off) owns the run record now: this
+            # one's end is neither the node's failure nor the run's.
+            log.warning("%s: this attempt ends: %s", node.id, taken_over(err))
+            raise
         if not isinstance(err, KeyboardInterrupt) and interruption(err) is not None:
             # Ctrl-C, which a library's clean-up turned into an error of its own on the way out: recorded and
             # raised as the interruption it is (the CLI's two lines, exit status 130), not as a crash.

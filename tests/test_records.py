@@ -275,3 +275,33 @@ def test_a_node_tried_again_after_failing_reopens_the_record_and_the_report_says
     assert summary.status == "FINISHED" and "Status <b>FINISHED</b>" in page
     assert "Failed in" not in page and "What to do:" not in page
     assert "ExampleGen was retried; a try before failed: InputDataError: " in page
+
+
+def _taken_over_in_beam(inputs, outputs, params):
+    from hpml.components.errors import TakenOver
+
+    try:
+        raise TakenOver("gs://hpml-test/run/Transform/transformed_examples: an attempt of this task that began after "
+                        "this one is writing it; this attempt leaves it to that one")
+    except TakenOver as err:
+        raise RuntimeError("a Beam stage failed") from err  # as a runner wraps its workers' errors
+
+
+def test_an_attempt_taken_over_by_its_retry_leaves_the_run_record_to_it(tmp_path):
+    """A Transform attempt cut off from the network came back after its retry had begun, found the retry's work and
+    ended: it marked the run FAILED and wrote the failure report while the retry went on, and the run's live view
+    lost the Trainer's progress. The run record belongs to the retry: the attempt ends without touching it."""
+    from hpml.components.spec import ComponentSpec
+    from hpml.pipelines import runner
+    from hpml.pipelines.dsl import Node, Pipeline
+
+    pipeline = Pipeline(name="taken_over", params_schema={"type": "object", "properties": {}}, nodes=(
+        Node("Transform", ComponentSpec("Transform", {}, {}, {}, _taken_over_in_beam)),))
+    context = runner.start(pipeline, {})
+    with pytest.raises(RuntimeError, match="a Beam stage failed"):
+        runner.execute_node(pipeline, "Transform", context, {})
+    record = records.load(context.mlflow_run_id)
+    assert record.status == "RUNNING"
+    assert not {"hpml.failed_node", "hpml.error", "hpml.error_hint"} & set(record.tags), record.tags
+    report = record.tags.get("hpml.report")
+    assert report is None or "Failed in" not in open(report, encoding="utf-8").read()
