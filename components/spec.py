@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import importlib
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Mapping
 
-from hpml.components import artifacts, staging
+from hpml.components import artifacts, publishing, staging
 from hpml.components.artifacts import ArtifactType
 from hpml.components.errors import SpecError, known_names
 
@@ -148,8 +149,10 @@ class ComponentSpec:
                 f"{self.name}: outputs must be exactly {sorted(self.outputs)}, got {sorted(outputs)}"
             )
         resolved = self.resolve_params(params)
-        # s3:// goes through local folders
-        with staging.staged(inputs, outputs, self.streamed_inputs) as (local_inputs, local_outputs):
+        # From here on, an attempt that began later (this task's retry) takes precedence over this one's outputs;
+        # s3:// goes through local folders.
+        with publishing.attempt(outputs.values(), time.time()) as started_at, \
+                staging.staged(inputs, outputs, self.streamed_inputs, started_at) as (local_inputs, local_outputs):
             return dict(self.load_executor()(local_inputs, local_outputs, resolved) or {})
 
     def load_executor(self) -> Executor:

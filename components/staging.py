@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
-from hpml.components import artifacts, files, s3_cache
+from hpml.components import files, publishing, s3_cache
 from hpml.components.s3_files import is_s3
 
 
@@ -69,14 +69,15 @@ def _sources(inputs: Mapping, local_inputs: Mapping) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def staged(inputs: Mapping, outputs: Mapping[str, str],
-           streamed: frozenset[str] = frozenset()) -> Iterator[tuple[dict, dict]]:
+def staged(inputs: Mapping, outputs: Mapping[str, str], streamed: frozenset[str] = frozenset(),
+           started_at: float | None = None) -> Iterator[tuple[dict, dict]]:
     """(inputs, outputs) for the executor: local folders in place of s3:// URIs, uploaded on success. The inputs
-    named in `streamed` keep their s3:// URIs: the executor reads them from the store itself."""
+    named in `streamed` keep their s3:// URIs: the executor reads them from the store itself. `started_at`: when
+    this attempt began (default: now); a retry begun after it, and published first, is not replaced by it."""
     if not _any_s3(inputs) and not _any_s3(outputs):
         yield dict(inputs), dict(outputs)
         return
-    started_at = time.time()  # a retry begun after this attempt, and published first, is not replaced by it
+    started_at = time.time() if started_at is None else started_at
     with contextlib.ExitStack() as held:
         local_inputs = {name: uri if name in streamed else _local_input(uri, held) for name, uri in inputs.items()}
         os.makedirs(s3_cache.staging_folder(), exist_ok=True)
@@ -94,5 +95,5 @@ def staged(inputs: Mapping, outputs: Mapping[str, str],
             _ACTIVE.staged, _ACTIVE.published, _ACTIVE.sources = False, {}, {}
         for name, uri in outputs.items():
             if is_s3(uri):
-                with artifacts.publish(uri, started_at) as target:
+                with publishing.publish(uri, started_at) as target:
                     files.copy_tree(local_outputs[name], target)

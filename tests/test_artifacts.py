@@ -3,13 +3,13 @@ import os
 
 import pytest
 
-from hpml.components import artifacts
+from hpml.components import artifacts, publishing
 from hpml.components.errors import InputDataError, SpecError
 
 
 def test_publish_renames_into_place_only_on_success(tmp_path):
     target = tmp_path / "Component" / "out"
-    with artifacts.publish(str(target)) as tmp:
+    with publishing.publish(str(target)) as tmp:
         assert not target.exists(), "output must not be visible while it is being written"
         (open(os.path.join(tmp, "f"), "w")).write("done")
     assert (target / "f").read_text() == "done"
@@ -19,7 +19,7 @@ def test_publish_renames_into_place_only_on_success(tmp_path):
 def test_failed_write_leaves_nothing(tmp_path):
     target = tmp_path / "out"
     with pytest.raises(RuntimeError):
-        with artifacts.publish(str(target)) as tmp:
+        with publishing.publish(str(target)) as tmp:
             open(os.path.join(tmp, "half"), "w").write("x")
             raise RuntimeError("task died")
     assert os.listdir(tmp_path) == []
@@ -30,9 +30,9 @@ def test_retry_clears_stale_temporaries_and_replaces_previous_output(tmp_path):
     stale = tmp_path / "out.tmp-deadbeef0000"
     stale.mkdir()
     (stale / "half").write_text("left by a killed task")
-    with artifacts.publish(str(target)) as tmp:
+    with publishing.publish(str(target)) as tmp:
         open(os.path.join(tmp, "v"), "w").write("1")
-    with artifacts.publish(str(target)) as tmp:
+    with publishing.publish(str(target)) as tmp:
         open(os.path.join(tmp, "v"), "w").write("2")
     assert sorted(os.listdir(tmp_path)) == ["out"]
     assert (target / "v").read_text() == "2"
@@ -52,7 +52,7 @@ def test_invalid_split_names_are_refused(name):
 def _published_shards(tmp_path, sizes=(300, 200, 100)):
     """An artifact published with its size record: Split-train/part-{i}.gz of the given sizes."""
     uri = str(tmp_path / "Examples")
-    with artifacts.publish(uri) as tmp:
+    with publishing.publish(uri) as tmp:
         os.makedirs(os.path.join(tmp, "Split-train"))
         for index, size in enumerate(sizes):
             with open(os.path.join(tmp, "Split-train", f"part-{index}.gz"), "wb") as handle:

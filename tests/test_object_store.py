@@ -10,7 +10,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from hpml.components import artifacts, files
+from hpml.components import artifacts, files, publishing
 from hpml.components.errors import SpecError
 from hpml.components.example_gen import EXAMPLE_GEN
 from hpml.components.transform import TRANSFORM
@@ -33,7 +33,7 @@ def _manifest(uri: str) -> dict[str, int]:
 
 def test_publishing_writes_in_place_and_the_manifest_last(gcs, tmp_path):
     uri = f"{gcs.root}/{tmp_path.name}/Component/out"
-    with artifacts.publish(uri) as out:
+    with publishing.publish(uri) as out:
         assert out == uri, "an object store has no rename: the artifact is written where it will stay"
         files.makedirs(os.path.join(out, "Split-train"))
         files.write_text(os.path.join(out, "Split-train", "part-0.gz"), "x" * 10)
@@ -79,17 +79,17 @@ def test_a_file_another_process_rewrote_longer_is_read_whole(gcs, tmp_path):
 
 def test_a_retried_writer_replaces_the_earlier_attempt_whole(gcs, tmp_path):
     uri = f"{gcs.root}/{tmp_path.name}/out"
-    with artifacts.publish(uri) as out:
+    with publishing.publish(uri) as out:
         files.write_text(os.path.join(out, "old-only"), "1")
         files.write_text(os.path.join(out, "v"), "1")
     with pytest.raises(RuntimeError):
-        with artifacts.publish(uri) as out:
+        with publishing.publish(uri) as out:
             files.write_text(os.path.join(out, "half"), "x")
             raise RuntimeError("task died")
     assert not files.exists(uri), "a failed attempt removes what it wrote, and the output it was replacing"
     with pytest.raises(SpecError, match="does not exist"):
         artifacts.require_published(uri, "Examples")
-    with artifacts.publish(uri) as out:
+    with publishing.publish(uri) as out:
         files.write_text(os.path.join(out, "v"), "22")
     assert _manifest(uri) == {"v": 2}
     assert sorted(_objects(gcs, uri)) == [artifacts.PUBLISHED_FILE, "v"]
@@ -100,18 +100,18 @@ def test_an_attempt_taken_over_by_its_retry_neither_publishes_nor_removes_what_t
     first attempt then fails or finishes, the retry's artifact is the one published, with none of the first's files
     and nothing of the retry's removed."""
     uri = f"{gcs.root}/{tmp_path.name}/out"
-    first = artifacts.publish(uri)
+    first = publishing.publish(uri)
     files.write_text(os.path.join(first.__enter__(), "first-only"), "1")
-    with artifacts.publish(uri) as retry:  # the retry starts over, and signs the folder as its own
+    with publishing.publish(uri) as retry:  # the retry starts over, and signs the folder as its own
         files.write_text(os.path.join(retry, "shard"), "22")
         killed = RuntimeError("killed")  # the first attempt is killed (SIGTERM) mid-write; its error goes on
         assert first.__exit__(RuntimeError, killed, killed.__traceback__) is False
         assert _objects(gcs, uri) == {"shard": 2, artifacts.WRITER_FILE: _objects(gcs, uri)[artifacts.WRITER_FILE]}
     assert _manifest(uri) == {"shard": 2}
 
-    again = artifacts.publish(uri)
+    again = publishing.publish(uri)
     files.write_text(os.path.join(again.__enter__(), "shard"), "333")
-    with artifacts.publish(uri) as retry:
+    with publishing.publish(uri) as retry:
         files.write_text(os.path.join(retry, "shard"), "4444")
         with pytest.raises(SpecError, match="taken over by another attempt"):  # the first one finishes its work
             again.__exit__(None, None, None)
@@ -124,13 +124,13 @@ def test_an_attempt_keeps_its_scratch_beside_the_artifact_and_its_retry_removes_
     cut off and writing on cannot leave them in the artifact its retry published, and the retry removes the
     scratch folder that attempt left, so that the attempt fails instead of writing on."""
     uri = f"{gcs.root}/{tmp_path.name}/Transform/transform_graph"
-    first = artifacts.publish(uri)
+    first = publishing.publish(uri)
     first.__enter__()
-    stale_scratch = artifacts.scratch_space(uri)
+    stale_scratch = publishing.scratch_space(uri)
     scratch = stale_scratch.__enter__()
     assert not scratch.startswith(uri + "/"), scratch
     files.write_text(f"{scratch}/analyzer_temporary_assets/a", "1")
-    with artifacts.publish(uri) as retry, artifacts.scratch_space(uri) as own:
+    with publishing.publish(uri) as retry, publishing.scratch_space(uri) as own:
         assert not list(files.walk_files(scratch)), "the retry removed the scratch folder of the attempt it took over"
         files.write_text(f"{retry}/transform_fn", "22")
         files.write_text(f"{own}/analyzer_temporary_assets/b", "1")
@@ -148,23 +148,55 @@ def test_an_attempt_that_comes_back_after_its_retry_began_leaves_the_retrys_work
     An attempt knows when it began; one that finds a later attempt's work ends, and removes none of it."""
     uri = f"{gcs.root}/{tmp_path.name}/Transform/transform_graph"
     cut_off_began = time.time()
-    with artifacts.publish(uri, cut_off_began + 40) as retry, artifacts.scratch_space(uri, cut_off_began + 40) as own:
+    with publishing.publish(uri, cut_off_began + 40) as retry, publishing.scratch_space(uri, cut_off_began + 40) as own:
         files.write_text(f"{retry}/transform_fn", "22")
         files.write_text(f"{own}/tftransform_tmp/island", "Biscoe")
         with pytest.raises(SpecError, match="began after this one"):
-            with artifacts.scratch_space(uri, cut_off_began):
+            with publishing.scratch_space(uri, cut_off_began):
                 pass
         with pytest.raises(SpecError, match="began after this one is writing it"):
-            with artifacts.publish(uri, cut_off_began):
+            with publishing.publish(uri, cut_off_began):
                 pass
         assert files.read_text(f"{own}/tftransform_tmp/island") == "Biscoe"
         assert files.read_text(f"{retry}/transform_fn") == "22"
     assert _manifest(uri) == {"transform_fn": 2}
-    with artifacts.scratch_space(uri, cut_off_began + 80) as later:  # a later attempt still removes earlier ones'
+    with publishing.scratch_space(uri, cut_off_began + 80) as later:  # a later attempt still removes earlier ones'
         stale = f"{gcs.root}/{tmp_path.name}/Transform/transform_graph.tmp-scratch-deadbeef"
         files.write_text(f"{stale}/x", "1")
-    with artifacts.scratch_space(uri, cut_off_began + 90):
+    with publishing.scratch_space(uri, cut_off_began + 90):
         assert not list(files.walk_files(stale)) and not list(files.walk_files(later))
+
+
+def test_a_gate_that_publishes_after_its_retry_did_ends_and_leaves_the_retrys_blessing(gcs, tmp_path, penguin_outputs,
+                                                                                        monkeypatch):
+    """Any component, not only Transform: a Gate attempt cut off while it scored, and retried meanwhile, comes back
+    to publish after its retry published. Its component run knows when it began: it ends (TakenOver), and the
+    retry's blessing stays as the retry published it."""
+    from hpml.components.errors import TakenOver
+    from hpml.components.gate import GATE, scoring
+
+    uri = f"{gcs.root}/{tmp_path.name}/Gate/blessing"
+    inputs = {"examples": penguin_outputs["ExampleGen"]["examples"], "schema": penguin_outputs["ExampleGen"]["schema"],
+              "model": penguin_outputs["Trainer"]["model"]}
+    params = {"label_key": "species", "thresholds": {"accuracy": 0.0}}
+    score, retry_published = scoring.score, []
+
+    def score_then_lose_the_network(*args):
+        scored = score(*args)
+        if not retry_published:  # while the first attempt is cut off, its retry begins and publishes
+            retry_published.append(None)
+            time.sleep(0.01)
+            GATE.run(inputs, {"blessing": uri}, params)
+            retry_published[0] = files.read_text(f"{uri}/{artifacts.PUBLISHED_FILE}")
+        return scored
+
+    monkeypatch.setattr(scoring, "score", score_then_lose_the_network)
+    with pytest.raises(TakenOver, match="began after this one published it"):
+        GATE.run(inputs, {"blessing": uri}, params)
+    assert retry_published == [files.read_text(f"{uri}/{artifacts.PUBLISHED_FILE}")], "the retry's, as it published"
+    assert sorted(_objects(gcs, uri)) == sorted([artifacts.PUBLISHED_FILE, *_manifest(uri)])
+    assert sorted(_manifest(uri)) == [artifacts.BLESSED_FILE, artifacts.GATE_FILE]
+    assert publishing.began(uri) is None, "the attempt's start time is the component run's alone"
 
 
 def test_shards_of_an_attempt_taken_over_are_not_moved_into_the_artifact(gcs, tmp_path, penguin_outputs):
@@ -175,11 +207,11 @@ def test_shards_of_an_attempt_taken_over_are_not_moved_into_the_artifact(gcs, tm
     from hpml.components.transform import example_io
 
     uri = f"{gcs.root}/{tmp_path.name}/transformed_examples"
-    stale = artifacts.publish(uri)
+    stale = publishing.publish(uri)
     stale.__enter__()
-    fence = artifacts.writer_fence(uri)
+    fence = publishing.writer_fence(uri)
     fence()  # while the attempt owns the artifact, it may write
-    with artifacts.publish(uri) as retry:
+    with publishing.publish(uri) as retry:
         files.write_text(f"{retry}/Split-train/transformed_examples-00000-of-00001.gz", "")
     schema = read_schema(artifacts.schema_path(penguin_outputs["ExampleGen"]["schema"]))
     shards = artifacts.require_files(artifacts.examples_file_pattern(penguin_outputs["ExampleGen"]["examples"],

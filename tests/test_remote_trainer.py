@@ -166,13 +166,13 @@ def test_a_tfjob_over_artifacts_on_s3_reads_them_on_its_own_nodes_and_the_chief_
 
 def _published_on_s3(penguin_outputs, s3, tmp_path) -> tuple[str, dict[str, str]]:
     """(a root on the store, the Trainer's inputs published under it from the penguin run's)."""
-    from hpml.components import artifacts, files
+    from hpml.components import files, publishing
 
     root = f"{s3.root}/{tmp_path.name}"
     inputs = {}
     for name, uri in dict(trainer_inputs(penguin_outputs),
                           input_pipeline=penguin_outputs["Transform"]["input_pipeline"]).items():
-        with artifacts.publish(f"{root}/{name}") as target:
+        with publishing.publish(f"{root}/{name}") as target:
             files.copy_tree(uri, target)
         inputs[name] = f"{root}/{name}"
     return root, inputs

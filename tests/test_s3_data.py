@@ -9,7 +9,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from hpml.components import artifacts, files, s3_files
+from hpml.components import artifacts, files, publishing, s3_files
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.example_gen import EXAMPLE_GEN
 
@@ -316,7 +316,7 @@ def test_an_attempt_that_ends_after_its_retry_leaves_the_retrys_artifact_whole(s
                 os.makedirs(outputs["out"])
                 open(os.path.join(outputs["out"], "part"), "w").write("stale")
                 time.sleep(0.01)
-                target = uploading.enter_context(artifacts.publish(uri, started_at=time.time()))
+                target = uploading.enter_context(publishing.publish(uri, started_at=time.time()))
                 files.write_text(f"{target}/part", "retry, mid-upload")
         assert files.read_text(f"{uri}/part") == "retry, mid-upload"
     assert files.read_text(f"{uri}/part") == "retry, mid-upload" and files.isfile(f"{uri}/{artifacts.PUBLISHED_FILE}")

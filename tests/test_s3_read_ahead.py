@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_transform.tf_metadata import schema_utils
 
-from hpml.components import artifacts, files, s3_files
+from hpml.components import artifacts, files, publishing, s3_files
 from hpml.components.errors import InputDataError
 from hpml.components.input_pipeline import build_dataset, read_ahead, read_spec, schema_fingerprint
 from hpml.components.input_pipeline.spec import InputPipelineSpec
@@ -140,7 +140,7 @@ def test_the_trainer_reads_its_examples_on_s3_ahead_of_training_and_trains_as_fr
     monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "cache"))
     inputs = dict(trainer_inputs(penguin_outputs), input_pipeline=penguin_outputs["Transform"]["input_pipeline"])
     remote = f"{s3.root}/{tmp_path.name}/transformed_examples"
-    with artifacts.publish(remote) as target:
+    with publishing.publish(remote) as target:
         files.copy_tree(inputs["examples"], target)
     params = {"module": "hpml.examples.penguin.module", "strategy": "one_device",
               "hyperparameters": {"epochs": 2, "batch_size": 8}}

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from hpml.components import artifacts, files
+from hpml.components import artifacts, files, publishing
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.evaluator.record import run_record
 from hpml.components.results import RECORD_KEY
@@ -160,7 +160,7 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
                                                [rows.get(m) for m in members], labels)
     gap = _gap(rows, params["distillation"])
     result = {"split": params["split"], "examples": len(labels), "rows": list(rows.values()), "distillation": gap}
-    with artifacts.publish(outputs["evaluation"]) as out_dir:
+    with publishing.publish(outputs["evaluation"]) as out_dir:
         files.write_text(os.path.join(out_dir, RESULTS_JSON), json.dumps(result, indent=2))
         files.write_text(os.path.join(out_dir, RESULTS_MD), _table(result["rows"], gap))
     return {"evaluation": result, RECORD_KEY: run_record({"evaluation": result}).to_json()}

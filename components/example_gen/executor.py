@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import apache_beam as beam
 
-from hpml.components import artifacts, schema_file
+from hpml.components import artifacts, publishing, schema_file
 from hpml.components import files as file_system
 from hpml.components.beam_utils import counter_value, make_pipeline, run_pipeline
 from hpml.components.errors import InputDataError
@@ -74,7 +74,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     elif not any(input_files.has_any_record(f) for f in files):
         raise InputDataError(f"{source}: the TFRecord input holds no records")
 
-    with artifacts.publish(outputs["examples"]) as examples_dir, artifacts.publish(outputs["schema"]) as schema_dir:
+    with publishing.publish(outputs["examples"]) as examples_dir, publishing.publish(outputs["schema"]) as schema_dir:
         pipeline = make_pipeline(params["beam_pipeline_args"], sum(file_system.size(path) for path in files))
         if params["input_format"] == "csv":
             stats = _write_csv_examples(pipeline, files, header, params, examples_dir, split_names, buckets)

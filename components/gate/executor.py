@@ -8,7 +8,7 @@ import os
 from typing import Any
 from collections.abc import Mapping
 
-from hpml.components import artifacts, files
+from hpml.components import artifacts, files, publishing
 from hpml.components.gate import scoring
 from hpml.components.gate.verdict import verdict
 from hpml.components.pusher import serving_dir
@@ -42,7 +42,7 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
     for check in checks:
         log.info("Gate: %s: %s", "pass" if check["passed"] else "FAIL", check["reason"])
     log.info("Gate: the candidate is %s", "blessed" if blessed else "NOT blessed")
-    with artifacts.publish(outputs["blessing"]) as out_dir:
+    with publishing.publish(outputs["blessing"]) as out_dir:
         marker = artifacts.BLESSED_FILE if blessed else artifacts.NOT_BLESSED_FILE
         files.write_text(os.path.join(out_dir, marker), "")
         files.write_text(os.path.join(out_dir, artifacts.GATE_FILE), json.dumps(result, indent=2))

@@ -8,7 +8,7 @@ import os
 from typing import Any
 from collections.abc import Mapping
 
-from hpml.components import artifacts, files
+from hpml.components import artifacts, files, publishing
 from hpml.components.gate.blessing import read_blessing
 from hpml.components.pusher import registry, serving_dir
 from hpml.components.results import RECORD_KEY, RunRecord
@@ -40,7 +40,7 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
                   "reason": "not blessed" + (f": {'; '.join(failed)}" if failed else ""),
                   "champion": serving_dir.champion(destination)}
         log.info("Pusher: nothing pushed (%s); the champion stays version %s", result["reason"], result["champion"])
-    with artifacts.publish(outputs["pushed_model"]) as out_dir:
+    with publishing.publish(outputs["pushed_model"]) as out_dir:
         files.write_text(os.path.join(out_dir, artifacts.PUSH_FILE), json.dumps(result, indent=2))
     tags = {"hpml.pushed": str(result["pushed"]).lower(), "hpml.push_destination": destination}
     if result["pushed"]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import apache_beam as beam
 
-from hpml.components import artifacts, files
+from hpml.components import artifacts, files, publishing
 from hpml.components.beam_utils import make_pipeline, run_pipeline
 from hpml.components.errors import SpecError
 from hpml.components.trainer.distill.mode import CACHE_FILE, SOFT_TARGETS_FEATURE, teacher_serving_dir
@@ -83,7 +83,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, Any], params: Mapping[s
                                         f"SoftTargets examples split {s}") for s in splits}
     num_classes = _class_counts(teacher_dirs, feature_spec, params["label_key"], shards[splits[0]][0])
     temperature = float(params["temperature"])
-    with artifacts.publish(outputs["examples"]) as out_dir:
+    with publishing.publish(outputs["examples"]) as out_dir:
         pipeline = make_pipeline(params["beam_pipeline_args"])
         for split in splits:
             _ = (

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 from collections.abc import Mapping
 
-from hpml.components import artifacts, files, staging
+from hpml.components import artifacts, files, publishing, staging
 from hpml.components.errors import SpecError
 from hpml.components.s3_files import is_s3
 from hpml.components.trainer import backup_mirror, time_breakdown
@@ -102,7 +102,7 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     files.makedirs(working_dir)
     with backup_mirror.claimed(working_dir):
         backup_mirror.restore(working_dir, BACKUP_DIR)
-        with artifacts.publish(outputs["model"]) as model_dir, artifacts.publish(outputs["model_run"]) as run_dir:
+        with publishing.publish(outputs["model"]) as model_dir, publishing.publish(outputs["model_run"]) as run_dir:
             fn_args = FnArgs(
                 working_dir=working_dir,
                 train_files=train_files,

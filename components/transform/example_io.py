@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import apache_beam as beam
 import pyarrow as pa
 
-from hpml.components import artifacts, files, tfrecords
+from hpml.components import artifacts, files, publishing, tfrecords
 from hpml.components.errors import InputDataError, op_error_message
 from hpml.components.progress_log import Progress
 
@@ -137,11 +137,11 @@ def _publish(written: list[str], prefix: str, fence: Callable[[], None]) -> list
 
 
 @beam.ptransform_fn
-def WriteExampleShards(batches, prefix: str, temp_dir: str, fence: Callable[[], None] = artifacts.unfenced,
+def WriteExampleShards(batches, prefix: str, temp_dir: str, fence: Callable[[], None] = publishing.unfenced,
                        shard_records: int = SHARD_RECORDS):
     """Writes PCollection[pa.RecordBatch] as GZIP TFRecord shards `{prefix}-*-of-*.gz` of tf.Examples, at most about
     `shard_records` records each; files are first written under `temp_dir`, which the caller removes, and moved
-    into place after `fence()` (see `artifacts.writer_fence`). Yields the list of shard paths."""
+    into place after `fence()` (see `publishing.writer_fence`). Yields the list of shard paths."""
     return (batches
             | "Encode" >> beam.ParDo(_WriteBundle(temp_dir, shard_records))
             | "Committed" >> beam.combiners.ToList()

@@ -10,14 +10,13 @@ import functools
 import json
 import logging
 import os
-import time
 from typing import Any
 from collections.abc import Mapping
 
 import apache_beam as beam
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from hpml.components import artifacts, beam_utils, files
+from hpml.components import artifacts, beam_utils, files, publishing
 from hpml.components.beam_utils import make_pipeline, run_pipeline, ship_by_value
 from hpml.components.errors import InputDataError, SpecError
 from hpml.components.schema_file import is_empty_column, read_schema
@@ -60,7 +59,7 @@ def _guarded(preprocessing_fn, schema):
         try:
             outputs = preprocessing_fn(inputs)
         except Exception as err:
-            if artifacts.names_scratch(str(err)):
+            if publishing.names_scratch(str(err)):
                 raise  # the store failed tf.Transform's own temporary files: not the user's mistake, and retryable
             where = failing_line(err, preprocessing_fn)
             if isinstance(err, KeyError) and err.args and isinstance(err.args[0], str) and err.args[0] not in inputs:
@@ -183,7 +182,6 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
     from tfx_bsl.public import tfxio
 
-    started_at = time.time()  # a retry begun after this attempt keeps what it wrote from this one
     schema_file = artifacts.schema_path(inputs["schema"])
     schema = read_schema(schema_file)
     _check_required_features(schema, list(params["required_features"]), schema_file)
@@ -202,10 +200,11 @@ def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[s
     tensor_adapter_config = tfxio.TFExampleRecord(
         file_pattern=shards[splits[0]], schema=schema, telemetry_descriptors=["hpml"]).TensorAdapterConfig()
 
-    with artifacts.publish(outputs["transform_graph"], started_at) as graph_dir, \
-            artifacts.publish(outputs["transformed_examples"], started_at) as examples_dir, \
-            artifacts.publish(outputs["input_pipeline"], started_at) as pipeline_dir, \
-            artifacts.scratch_space(outputs["transform_graph"], started_at) as scratch:
+    # When this attempt began (from the component's `publishing.attempt`) orders it against its retry.
+    with publishing.publish(outputs["transform_graph"]) as graph_dir, \
+            publishing.publish(outputs["transformed_examples"]) as examples_dir, \
+            publishing.publish(outputs["input_pipeline"]) as pipeline_dir, \
+            publishing.scratch_space(outputs["transform_graph"]) as scratch:
         metadata_io.write_metadata(
             dataset_metadata.DatasetMetadata(schema), os.path.join(graph_dir, tft.TFTransformOutput.RAW_METADATA_DIR)
         )
@@ -254,7 +253,7 @@ def _analyze_and_transform(pipeline, shards: dict, schema, tensor_adapter_config
             counts.append(batches | f"Count[{split}]" >> beam.Map(lambda batch, split=split: (split, batch.num_rows)))
             prefix = os.path.join(artifacts.split_dir(examples_dir, split), artifacts.TRANSFORMED_EXAMPLES_FILE_PREFIX)
             _ = batches | f"Write[{split}]" >> example_io.WriteExampleShards(
-                prefix, os.path.join(scratch, "written", split), fence=artifacts.writer_fence(examples_dir))
+                prefix, os.path.join(scratch, "written", split), fence=publishing.writer_fence(examples_dir))
         ranges_path = os.path.join(scratch, "feature_ranges.json")
         _ = (ranges | "FlattenRanges" >> beam.Flatten() | "FeatureRanges" >> beam.CombineGlobally(_FeatureRanges())
              | "WriteRanges" >> beam.Map(_write_json, ranges_path))

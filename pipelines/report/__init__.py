@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 
-from hpml.components import artifacts, files
+from hpml.components import files, publishing
 from hpml.components.errors import HpmlError
 from hpml.pipelines import records
 from hpml.pipelines.report.collect import collect
@@ -54,7 +54,7 @@ def build(mlflow_run_id: str, log_to_mlflow: bool = True) -> str:
     # Rendered on local disk (matplotlib and MLflow's log_artifacts write and read local files), then published.
     with tempfile.TemporaryDirectory(prefix="hpml-report-") as out:
         write_local(data, out)
-        with artifacts.publish(final) as published:
+        with publishing.publish(final) as published:
             for name, _ in files.walk_files(out):
                 with open(os.path.join(out, name), "rb") as source, \
                         files.open_file(os.path.join(published, name), "wb") as target:
