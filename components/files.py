@@ -13,7 +13,7 @@ import os
 import shutil
 import uuid
 from typing import IO
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hpml.components import s3_files
 from hpml.components.s3_files import is_s3
@@ -305,16 +305,20 @@ def _size_if_there(path: str) -> int | None:
         return None
 
 
-def copy_tree(source: str, target: str, last: tuple[str, ...] = ()) -> int:
+def copy_tree(source: str, target: str, last: tuple[str, ...] = (),
+              before_last: Callable[[], None] | None = None) -> int:
     """Copy every file under `source` to the same place under `target` (local or object store); the bytes copied.
     Files whose path relative to `source` is in `last` are copied after every other, so that a reader who waits
-    for them finds the rest already there (an object store has no rename to publish a folder at once)."""
+    for them finds the rest already there (an object store has no rename to publish a folder at once);
+    `before_last()` is called between the two, and may stop the copy by raising."""
     if not is_url(source) and not is_url(target) and not last:
         shutil.copytree(source, target, dirs_exist_ok=True)
         return sum(size for _, size in walk_files(target))
     found = list(walk_files(source))
     each_in_threads(lambda relative: copy_file(os.path.join(source, relative), os.path.join(target, relative)),
                     [relative for relative, _ in found if relative not in last])
+    if before_last is not None:
+        before_last()
     for relative in sorted(relative for relative, _ in found if relative in last):
         copy_file(os.path.join(source, relative), os.path.join(target, relative))
     return sum(size for _, size in found)

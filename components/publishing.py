@@ -175,6 +175,16 @@ def writer_fence(uri: str) -> Callable[[], None]:
     return functools.partial(_check_writer, uri, _writer(uri))
 
 
+def superseded_check(uri: str) -> Callable[[], None]:
+    """A check to call before a step whose effect outlives this attempt (a push, a registry version): it raises
+    TakenOver once an attempt that began after this one (inside `attempt`) writes or has published the output at
+    `uri` on an object store. Elsewhere it passes."""
+    started_at = began(uri)
+    if started_at is None or not files.is_url(uri):
+        return unfenced
+    return functools.partial(_refuse_if_superseded, uri, started_at)
+
+
 def unfenced() -> None:
     """The check for a writer that owns its folder alone."""
     return None

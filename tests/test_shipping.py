@@ -304,6 +304,40 @@ def test_a_gs_serving_folder_gives_distinct_whole_versions_to_pushers_on_any_hos
     assert serving_dir.publish(artifacts.serving_model_path(model), destination) == 9
 
 
+def test_a_pusher_cut_off_mid_push_whose_retry_pushed_makes_no_second_version(tmp_path, gcs, monkeypatch):
+    """A Pusher attempt cut off as it began its upload, retried meanwhile: the retry pushes and registers the model.
+    When the first attempt gets its network back it finishes nothing: no second version of the same model, no second
+    registry version, and the alias stays on the retry's."""
+    import uuid
+
+    from hpml.components.errors import TakenOver
+    from hpml.components.pusher import PUSHER
+
+    monkeypatch.chdir(tmp_path)  # a sqlite tracking URI keeps its runs' artifacts in ./mlruns
+    model, blessing = _tiny_saved_model(str(tmp_path / "model")), _blessing(str(tmp_path / "blessing"))
+    root = f"{gcs.root}/{uuid.uuid4().hex[:8]}"
+    params = {"destination": f"{root}/serving", "registered_model": "cut_off",
+              "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    run = ({"model": model, "model_blessing": blessing}, {"pushed_model": f"{root}/Pusher/pushed_model"}, params)
+    publish, retry = serving_dir.publish, []
+
+    def retried_while_cut_off(*args):
+        if not retry:  # the first attempt's network goes; its retry begins, pushes and publishes
+            retry.append(None)
+            time.sleep(0.01)
+            retry[0] = PUSHER.run(*run)["push"]
+        return publish(*args)
+
+    monkeypatch.setattr(serving_dir, "publish", retried_while_cut_off)
+    with pytest.raises(TakenOver, match="began after this one published it"):
+        PUSHER.run(*run)
+    assert (retry[0]["version"], retry[0]["registry_version"]) == (1, 1)
+    assert serving_dir.versions(params["destination"]) == [1]
+    assert registry.registry_versions(params["tracking_uri"], "cut_off", params["destination"]) == {1: 1}
+    assert registry.champion(params["tracking_uri"], "cut_off") == 1
+    assert json.loads(files.read_text(f"{run[1]['pushed_model']}/{artifacts.PUSH_FILE}")) == retry[0]
+
+
 def test_a_push_to_a_store_removes_uploads_whose_pusher_is_gone_and_keeps_their_numbers(tmp_path, gcs):
     """What pushers that died mid-upload leave on gs:// (a claimed number, a folder without saved_model.pb): the
     next push removes the folder of one that ran on this host and has ended, and of one on another host that

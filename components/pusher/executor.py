@@ -6,9 +6,9 @@ import json
 import logging
 import os
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from hpml.components import artifacts, files, publishing
+from hpml.components import artifacts, files, publishing, staging
 from hpml.components.gate.blessing import read_blessing
 from hpml.components.pusher import registry, serving_dir
 from hpml.components.results import RECORD_KEY, RunRecord
@@ -19,28 +19,19 @@ log = logging.getLogger(__name__)
 def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
     blessing = read_blessing(inputs["model_blessing"])
     destination = files.absolute(params["destination"])
-    result: dict[str, Any]
-    if blessing["blessed"]:
-        model = artifacts.serving_model_path(inputs["model"])
-        held = serving_dir.holding(model, destination)
-        already = held is not None  # an earlier attempt of this push published it
-        if held is not None:
-            log.info("Pusher: this model is already version %d at %s; it is not pushed again", held, destination)
-        version = held if held is not None else serving_dir.publish(model, destination)
-        result = {"pushed": True, "destination": destination, "version": version, "already_pushed": already,
-                  "path": serving_dir.version_path(destination, version)}
-        if not already:
-            log.info("Pusher: published as version %d at %s", version, result["path"])
-        if params["registered_model"]:
-            result["registered_model"] = params["registered_model"]
-            result["registry_version"] = _register(params, destination, version)
-    else:
-        failed = [check["reason"] for check in blessing.get("checks", []) if not check["passed"]]
-        result = {"pushed": False, "destination": destination, "version": None,
-                  "reason": "not blessed" + (f": {'; '.join(failed)}" if failed else ""),
-                  "champion": serving_dir.champion(destination)}
-        log.info("Pusher: nothing pushed (%s); the champion stays version %s", result["reason"], result["champion"])
+    # Signed as the PushedModel's writer before it pushes: an attempt cut off mid-push, whose retry began meanwhile,
+    # makes no version and no registry version when it comes back (`taken_over` raises).
     with publishing.publish(outputs["pushed_model"]) as out_dir:
+        taken_over = publishing.superseded_check(staging.published_uri(outputs["pushed_model"]))
+        if blessing["blessed"]:
+            result = _push(artifacts.serving_model_path(inputs["model"]), destination, params, taken_over)
+        else:
+            failed = [check["reason"] for check in blessing.get("checks", []) if not check["passed"]]
+            result = {"pushed": False, "destination": destination, "version": None,
+                      "reason": "not blessed" + (f": {'; '.join(failed)}" if failed else ""),
+                      "champion": serving_dir.champion(destination)}
+            log.info("Pusher: nothing pushed (%s); the champion stays version %s", result["reason"],
+                     result["champion"])
         files.write_text(os.path.join(out_dir, artifacts.PUSH_FILE), json.dumps(result, indent=2))
     tags = {"hpml.pushed": str(result["pushed"]).lower(), "hpml.push_destination": destination}
     if result["pushed"]:
@@ -50,6 +41,25 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
     record = RunRecord(metrics={"pushed": int(result["pushed"])}, tags=tags,
                        files={"pushed_model": (artifacts.PUSH_FILE,)})
     return {"push": result, RECORD_KEY: record.to_json()}
+
+
+def _push(model: str, destination: str, params: Mapping[str, Any], taken_over: Callable[[], None]) -> dict:
+    """Publish the SavedModel at `model` as the destination's next version (unless it is one already) and register
+    it; what the PushedModel says of it."""
+    held = serving_dir.holding(model, destination)
+    if held is not None:  # an earlier attempt of this push published it
+        log.info("Pusher: this model is already version %d at %s; it is not pushed again", held, destination)
+    version = held if held is not None else serving_dir.publish(model, destination, taken_over)
+    result: dict[str, Any] = {"pushed": True, "destination": destination, "version": version,
+                              "already_pushed": held is not None,
+                              "path": serving_dir.version_path(destination, version)}
+    if held is None:
+        log.info("Pusher: published as version %d at %s", version, result["path"])
+    if params["registered_model"]:
+        taken_over()
+        result["registered_model"] = params["registered_model"]
+        result["registry_version"] = _register(params, destination, version)
+    return result
 
 
 def _register(params: Mapping[str, Any], destination: str, version: int) -> int:

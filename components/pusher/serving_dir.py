@@ -25,6 +25,7 @@ import shutil
 import socket
 import time
 import uuid
+from collections.abc import Callable
 
 from hpml.components import files
 from hpml.components.errors import SpecError
@@ -132,19 +133,22 @@ def check_writable(destination: str) -> str | None:
     return None
 
 
-def publish(model_dir: str, destination: str) -> int:
-    """Copy the SavedModel at `model_dir` into `destination` as its next version, whole; the version number."""
+def publish(model_dir: str, destination: str, may_publish: Callable[[], None] = lambda: None) -> int:
+    """Copy the SavedModel at `model_dir` into `destination` as its next version, whole; the version number.
+    `may_publish()` is called once the copy is there and before it becomes a version; it stops the push by raising
+    (this attempt of the push was taken over), which leaves no version."""
     problem = check_writable(destination)
     if problem:
         raise SpecError(problem)
     if files.is_url(destination):
-        return _publish_to_store(model_dir, destination)
+        return _publish_to_store(model_dir, destination, may_publish)
     os.makedirs(destination, exist_ok=True)
     _remove_abandoned(destination)
     staging = os.path.join(destination, f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         files.copy_tree(model_dir, staging)
         _sync_tree(staging)
+        may_publish()
         for _ in range(_MAX_CLAIMS):
             version = max([0, *versions(destination), *retired(destination)]) + 1
             try:
@@ -160,7 +164,7 @@ def publish(model_dir: str, destination: str) -> int:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _publish_to_store(model_dir: str, destination: str) -> int:
+def _publish_to_store(model_dir: str, destination: str, may_publish: Callable[[], None]) -> int:
     """Claim the next number no pusher has claimed, then upload the version there with its saved_model.pb last.
     A pusher killed mid-upload leaves a numbered folder without saved_model.pb: never a version, its number
     never given again."""
@@ -174,7 +178,7 @@ def _publish_to_store(model_dir: str, destination: str) -> int:
             break
     else:
         raise SpecError(f"{destination}: no free version number after {_MAX_CLAIMS} tries")
-    files.copy_tree(model_dir, version_path(destination, version), last=(SAVED_MODEL_FILE,))
+    files.copy_tree(model_dir, version_path(destination, version), last=(SAVED_MODEL_FILE,), before_last=may_publish)
     return version
 
 
