@@ -41,25 +41,25 @@ def stream_problem(path: str, compression: str = "GZIP") -> str | None:
     """What is wrong with a compressed file's stream, or None when every member ends in an intact trailer
     (zlib checks it). Concatenated members, as `cat a.gz b.gz` makes, form one valid file. An empty file
     has no stream to check, and TF reads it as no records."""
-    inflater, in_member = None, False
+    inflater = None  # the current member's; None between members
     with _open(path) as handle:
         for index, block in enumerate(iter(lambda: handle.read(INFLATE_BLOCK), b"")):
             if index == 0 and (problem := _not_compressed(block, compression)):
                 return problem
             while block:
-                if not in_member:
+                if inflater is None:
                     block = block.lstrip(b"\x00")  # zero padding after a member, as gzip(1) allows
                     if not block:
                         break
-                    inflater, in_member = zlib.decompressobj(wbits=_WBITS[compression]), True
+                    inflater = zlib.decompressobj(wbits=_WBITS[compression])
                 try:
                     inflater.decompress(block, INFLATE_BLOCK)
                 except zlib.error as err:
                     return str(err)
                 if inflater.eof:
-                    in_member, block = False, inflater.unused_data
+                    block, inflater = inflater.unused_data, None
                 else:
                     block = inflater.unconsumed_tail
-    if in_member:
+    if inflater is not None:
         return f"the file ends before {_ENDS[compression]}"
     return None

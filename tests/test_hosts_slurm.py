@@ -200,7 +200,7 @@ def test_a_task_ends_once_a_peer_it_saw_up_stays_unreachable():
         asked.append(peer)
         return next(answers[peer], False)
 
-    lost, stop = threading.Event(), threading.Event()
+    lost, stop = slurm_task.PeerLost(), threading.Event()
     original = slurm_task.PEER_CHECK_S
     slurm_task.PEER_CHECK_S = 0.001
     try:

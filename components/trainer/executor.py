@@ -77,7 +77,7 @@ def _check_inputs(examples: str, splits: list[str]) -> list[str]:
     return patterns
 
 
-def run(inputs: Mapping[str, str], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
+def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[str, Any]) -> dict:
     load_function(params["module"], params["run_fn"])  # fail fast on a bad module
     train_files = _check_inputs(inputs["examples"], params["train_splits"])
     eval_files = _check_inputs(inputs["examples"], params["eval_splits"])
@@ -163,7 +163,7 @@ def _train(fn_args: FnArgs, params: Mapping[str, Any], plan, cluster, distribute
     except BaseException as err:
         # The epochs that finished, for the run record: this model_run is never published.
         try:
-            err.partial_history = read_metrics(fn_args.model_run_dir)
+            err.partial_history = read_metrics(fn_args.model_run_dir)  # type: ignore[attr-defined]
         except (OSError, ValueError) as unreadable:  # e.g. a line cut short by a killed worker
             log.warning("the finished epochs' metrics could not be read: %s", unreadable)
         raise

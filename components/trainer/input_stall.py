@@ -68,7 +68,7 @@ def measure_input_stall(model, dataset, steps: int = 30, repeats: int = 3, warmu
 
     strategy = model.distribute_strategy
     train_step = model.make_train_function()
-    blocks = {"real": [], "memory": []}
+    blocks: dict[str, list] = {"real": [], "memory": []}
     with restored_afterwards(model), _one_step_per_call(model):
         feeds = {"real": iter(strategy.experimental_distribute_dataset(dataset)),
                  "memory": iter(strategy.experimental_distribute_dataset(batches.repeat()))}

@@ -84,7 +84,8 @@ def decide(inventory: DeviceInventory, cluster: ClusterInfo, memory: ModelMemory
                 model_bytes=memory.total_bytes if memory else None)
     device_memory = inventory.gpu_memory_bytes if inventory.gpus else inventory.host_memory_bytes
     local_devices = max(inventory.gpus, 1)
-    fits = memory is None or device_memory == 0 or memory.total_bytes <= device_memory
+    needed = memory.total_bytes if memory is not None else 0.0  # unknown: taken to fit
+    fits = device_memory == 0 or needed <= device_memory
     if requested != "auto":
         return _requested(plan, requested, inventory, cluster)
     if inventory.tpus:
@@ -101,7 +102,7 @@ def decide(inventory: DeviceInventory, cluster: ClusterInfo, memory: ModelMemory
                             "with MultiWorkerMirroredStrategy")
     elif not fits and inventory.gpus >= 2:
         plan.strategy, plan.num_devices = "gpipe", inventory.gpus
-        plan.reasons.append(f"the model needs about {_gib(memory.total_bytes)} but one GPU has "
+        plan.reasons.append(f"the model needs about {_gib(needed)} but one GPU has "
                             f"{_gib(device_memory)}: split it into a GPipe pipeline over {inventory.gpus} GPUs")
     elif inventory.gpus >= 2:
         plan.num_devices = inventory.gpus
@@ -117,7 +118,7 @@ def decide(inventory: DeviceInventory, cluster: ClusterInfo, memory: ModelMemory
         where = "one GPU" if inventory.gpus == 1 else "no accelerator (CPU)"
         plan.reasons.append(f"{where}, one worker: a single device")
         if not fits:
-            plan.reasons.append(f"warning: the model needs about {_gib(memory.total_bytes)} but the device has "
+            plan.reasons.append(f"warning: the model needs about {_gib(needed)} but the device has "
                                 f"{_gib(device_memory)}; use gradient accumulation or rematerialisation")
     if memory is not None and plan.strategy != "tpu":
         plan.reasons.append(f"memory estimate {_gib(memory.total_bytes)} ({memory.params:,} parameters)")

@@ -28,7 +28,7 @@ def epoch_size(dataset, files: list[str] | None = None, batch_size: int | None =
     from hpml.components.artifacts import recorded_examples
 
     recorded = recorded_examples(files) if files and batch_size else None
-    if recorded is not None:
+    if recorded is not None and batch_size:
         return math.ceil(recorded / batch_size), recorded
 
     def count(totals, batch):

@@ -32,7 +32,7 @@ class TerminalProgress(tf_keras.callbacks.Callback):
         self._epochs = epochs
         self._console = console
         self._progress = None
-        self._rerouted = []
+        self._rerouted: list = []
 
     def on_train_begin(self, logs=None):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

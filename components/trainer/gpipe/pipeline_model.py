@@ -106,7 +106,8 @@ class PipelineModel(tf_keras.Model):
         self._layer_costs = layer_costs
         self.stages = None if balance in ("params", "time") else partition.counts_to_stages(
             list(balance), len(self.pipeline_layers))
-        self.trace_counts = collections.Counter()  # per trace: ("F"|"B"|"R", stage) -> micro-steps built
+        # per trace: ("F"|"B"|"R", stage) -> micro-steps built
+        self.trace_counts: collections.Counter = collections.Counter()
 
     # -- placement ------------------------------------------------------------------------------
     def _partition(self):

@@ -105,7 +105,7 @@ def executed_order(events: list[OpEvent], num_stages: int) -> list[list[tuple[st
     steps: dict[tuple[int, str, int], list[OpEvent]] = {}
     for event in events:
         steps.setdefault((event.stage, event.kind, event.micro), []).append(event)
-    order = [[] for _ in range(num_stages)]
+    order: list[list[tuple[str, int]]] = [[] for _ in range(num_stages)]
     for (stage, kind, micro), _ in sorted(steps.items(), key=lambda item: _anchor(item[1])):
         order[stage].append((kind, micro))
     return order

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from typing import cast
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def submit(manifest: dict, api_client) -> str:
     api = client.CustomObjectsApi(api_client)
     created = api.create_namespaced_custom_object(GROUP, VERSION, manifest["metadata"]["namespace"], PLURAL, manifest,
                                                   _request_timeout=REQUEST_TIMEOUT_S)
-    return created["metadata"]["name"]
+    return cast(dict, created)["metadata"]["name"]
 
 
 class TFJobFailed(HpmlError):
@@ -138,7 +139,7 @@ class PodExits:
                     ended = state and state.terminated
                     if ended and ended.exit_code:
                         lines = (ended.message or "").splitlines()
-                        exits.append(ContainerExit(pod.metadata.name, ended.exit_code,
+                        exits.append(ContainerExit((pod.metadata and pod.metadata.name) or "?", ended.exit_code,
                                                    error_summary(lines, tail_if_no_exception=False)))
         return exits
 
@@ -156,7 +157,7 @@ def wait(name: str, namespace: str, api_client, timeout_s: float = 24 * 3600, po
         GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT_S)
     for obj in poll(read, what=f"TFJob {namespace}/{name}", timeout_s=timeout_s, poll_s=poll_s,
                     transient=_transient, outage_s=outage_s):
-        status = obj.get("status") or {}
+        status = cast(dict, obj).get("status") or {}
         conditions = [c for c in status.get("conditions", []) if c.get("status") == "True"]
         latest = conditions[-1]["type"] if conditions else None
         if latest != last:

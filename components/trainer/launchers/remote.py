@@ -142,6 +142,7 @@ def launch(launcher: str, cluster: RemoteCluster, job: ClusterJob, working_dir: 
         return {"launcher": "kubernetes", "job": f"{cluster.namespace}/{name}",
                 "replicas": job.roles(), "seconds": time.monotonic() - started,
                 "conditions": [c.get("type") for c in status.get("conditions", [])]}
+    assert cluster.project and cluster.staging_bucket, "ClusterConfig.parse requires both for Vertex AI"
     name, state = vertex.run(job, cluster.project, cluster.location, cluster.staging_bucket,
                              timeout_s=cluster.timeout_seconds, poll_s=cluster.poll_seconds,
                              api_endpoint=cluster.api_endpoint, machine_type=cluster.machine_type,

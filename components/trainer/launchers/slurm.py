@@ -129,7 +129,9 @@ class _Logs:
     FINAL_WAIT_S = 15.0
 
     def __init__(self, folder: str):
-        self.folder, self.seen, self.ended = folder, {}, set()
+        self.folder = folder
+        self.seen: dict = {}
+        self.ended: set = set()
         self.failed: dict[str, int] = {}  # task -> its non-zero exit code, as its log's last line says
 
     def finish(self) -> None:
@@ -189,7 +191,8 @@ class _Recovery:
     failure, after the last backup) and the time from the failure to training again."""
 
     def __init__(self, progress: str, report: SlurmReport):
-        self.progress, self.report, self.pending = progress, report, None
+        self.progress, self.report = progress, report
+        self.pending: tuple[dict, float] | None = None
 
     def failed(self) -> None:
         self.pending = (read_progress(self.progress) or {"step": 0, "pid": None}, time.monotonic())
@@ -213,7 +216,8 @@ class _Attempt:
                  poll_s: float):
         self.text, self.job, self.working_dir, self.recovery = text, job, working_dir, recovery
         self.deadline, self.poll_s = deadline, poll_s
-        self.job_id, self.lost = "", {}
+        self.job_id = ""
+        self.lost: dict = {}
 
     def submit(self) -> None:
         self.job_id = submit(self.text)

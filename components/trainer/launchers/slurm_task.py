@@ -72,7 +72,13 @@ def _reachable(address: str) -> bool:
         return False
 
 
-def watch_peers(config: dict, lost: threading.Event, stop: threading.Event, reachable=_reachable) -> None:
+class PeerLost(threading.Event):
+    """Set once a peer is lost; `peer` names it."""
+
+    peer: str | None = None
+
+
+def watch_peers(config: dict, lost: PeerLost, stop: threading.Event, reachable=_reachable) -> None:
     """Set `lost` once a peer that was up has been unreachable PEER_LOST_AFTER checks in a row."""
     me = config["cluster"][config["task"]["type"]][config["task"]["index"]]
     peers = [a for addresses in config["cluster"].values() for a in addresses if a != me]
@@ -112,7 +118,7 @@ def main(argv: list[str]) -> int:
     worker = subprocess.Popen([sys.executable, "-m", "hpml.components.trainer.worker", job_uri], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     lines = [f"{task} on {os.uname().nodename}: {config['cluster']}\n"]
-    stop, lost = threading.Event(), threading.Event()
+    stop, lost = threading.Event(), PeerLost()
     copier = threading.Thread(target=_copy_log, args=(lines, os.path.join(logs, f"{task}.log"), stop), daemon=True)
     copier.start()
     done = threading.Event()  # a server's work is over: the chief (the coordinator) finished
@@ -122,6 +128,7 @@ def main(argv: list[str]) -> int:
                          daemon=True).start()
     threading.Thread(target=_end_when_a_peer_is_lost, args=(config, lost, stop, done, worker, lines),
                      daemon=True).start()
+    assert worker.stdout is not None  # stdout=PIPE
     for line in worker.stdout:
         sys.stdout.write(line)
         lines.append(line)

@@ -26,7 +26,7 @@ def render_worker_pool_specs(job: ClusterJob, machine_type: str = DEFAULT_MACHIN
     container = {"image_uri": job.image, "command": job.command[:3], "args": job.command[3:], "env": env}
 
     def pool(replicas: int, accelerators: int) -> dict:
-        machine = {"machine_type": machine_type}
+        machine: dict[str, str | int] = {"machine_type": machine_type}
         if accelerators:
             machine.update(accelerator_type=accelerator_type, accelerator_count=accelerators)
         return {"machine_spec": machine, "replica_count": replicas, "container_spec": dict(container)}
@@ -42,7 +42,7 @@ def render_worker_pool_specs(job: ClusterJob, machine_type: str = DEFAULT_MACHIN
 
 def custom_job_spec(job: ClusterJob, **kwargs):
     """The aiplatform CustomJobSpec proto: proves the specs are well-formed without a network call."""
-    from google.cloud.aiplatform.compat.types import custom_job as gca_custom_job
+    from google.cloud.aiplatform.compat.types import custom_job as gca_custom_job  # type: ignore[attr-defined]
 
     return gca_custom_job.CustomJobSpec(worker_pool_specs=render_worker_pool_specs(job, **kwargs))
 
@@ -63,7 +63,7 @@ class CustomJobFailed(HpmlError):
 
 def wait(custom_job, timeout_s: float, poll_s: float, outage_s: float = MAX_OUTAGE_S) -> str:
     """Poll the job's state until it succeeded (returns the state's name), failed or was cancelled (raises)."""
-    from google.cloud.aiplatform.compat.types import job_state
+    from google.cloud.aiplatform.compat.types import job_state  # type: ignore[attr-defined]
 
     states = job_state.JobState
     name = custom_job.resource_name
@@ -102,7 +102,7 @@ def _cancel(custom_job, display_name: str) -> None:
     """Cancel the job. After a create that was cut short the job has no name here, but Vertex may have made
     it: every running job with this attempt's display name (unique to the attempt) is cancelled instead."""
     from google.cloud import aiplatform
-    from google.cloud.aiplatform.compat.types import job_state
+    from google.cloud.aiplatform.compat.types import job_state  # type: ignore[attr-defined]
 
     try:
         created = bool(custom_job.resource_name)
@@ -114,7 +114,7 @@ def _cancel(custom_job, display_name: str) -> None:
         for found in aiplatform.CustomJob.list(filter=f'display_name="{display_name}"'):
             if found.gca_resource.state not in ended:
                 log.warning("cancelling CustomJob %s, created by a submission that was cut short", found.resource_name)
-                found.cancel()
+                found.cancel()  # type: ignore[attr-defined]  # a CustomJob, typed as its base class
         return
     custom_job.cancel()
 

@@ -211,7 +211,7 @@ class _Measurement:
         if not allowed:  # only pinned candidates, none measured: take the pins as they are
             jit, precision = self.jits[0], self.precisions[0]
         else:
-            best_key = max(allowed, key=allowed.get)
+            best_key = max(allowed, key=allowed.__getitem__)
             base = allowed.get((False, FLOAT32))
             jit, precision = best_key if base is None or allowed[best_key] > (1 + WITHIN) * base else (False, FLOAT32)
         if any(key[0] and key[1] == FLOAT32 for key in self.results):  # XLA was on for measuring: switch it off

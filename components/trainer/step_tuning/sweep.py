@@ -91,7 +91,7 @@ def smallest_as_fast(rates: dict[int, float], batch_size: int | None = None) -> 
 
 def spe_reason(spe: int, rates: dict[int, float]) -> str:
     """Why `spe`, in the numbers measured: its own rate, and the fastest burst where that was another value's."""
-    fastest = max(rates, key=rates.get)
+    fastest = max(rates, key=rates.__getitem__)
     if spe == 1 and fastest == 1:
         return "more steps per call were not faster here"
     reason = f"{spe} ran {rates[spe]:,.0f} examples/s, {rates[spe] / rates[1]:.1f}x one step per call"
