@@ -175,6 +175,23 @@ def writer_fence(uri: str) -> Callable[[], None]:
     return functools.partial(_check_writer, uri, _writer(uri))
 
 
+def announce(uri: str, started_at: float) -> Callable[[], None]:
+    """Sign the output at `uri`, on an object store, as written by the attempt that began at `started_at`, for an
+    output made elsewhere and uploaded when the component ends (s3:// staging): an earlier attempt that comes back
+    meanwhile then finds it (`superseded_check`, `publish`). Ends (TakenOver) where a later attempt signed or
+    published it first. Returns what withdraws the signature, where it is still this attempt's."""
+    _refuse_if_superseded(uri, started_at)
+    writer_id = uuid.uuid4().hex
+    files.write_text(os.path.join(uri, WRITER_FILE), json.dumps(
+        {"attempt": writer_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at}))
+
+    def withdraw() -> None:
+        with contextlib.suppress(OSError):
+            if _writer(uri) == writer_id:
+                files.remove(os.path.join(uri, WRITER_FILE))
+    return withdraw
+
+
 def superseded_check(uri: str) -> Callable[[], None]:
     """A check to call before a step whose effect outlives this attempt (a push, a registry version): it raises
     TakenOver once an attempt that began after this one (inside `attempt`) writes or has published the output at

@@ -73,12 +73,16 @@ def staged(inputs: Mapping, outputs: Mapping[str, str], streamed: frozenset[str]
            started_at: float | None = None) -> Iterator[tuple[dict, dict]]:
     """(inputs, outputs) for the executor: local folders in place of s3:// URIs, uploaded on success. The inputs
     named in `streamed` keep their s3:// URIs: the executor reads them from the store itself. `started_at`: when
-    this attempt began (default: now); a retry begun after it, and published first, is not replaced by it."""
+    this attempt began (default: now); each s3:// output is signed as this attempt's from the start
+    (`publishing.announce`), and a retry begun after it, signed or published first, is not replaced by it."""
     if not _any_s3(inputs) and not _any_s3(outputs):
         yield dict(inputs), dict(outputs)
         return
     started_at = time.time() if started_at is None else started_at
     with contextlib.ExitStack() as held:
+        for uri in outputs.values():  # signed on the store now, though uploaded at the end
+            if is_s3(uri):
+                held.callback(publishing.announce(uri, started_at))
         local_inputs = {name: uri if name in streamed else _local_input(uri, held) for name, uri in inputs.items()}
         os.makedirs(s3_cache.staging_folder(), exist_ok=True)
         s3_cache.sweep(s3_cache.staging_folder())

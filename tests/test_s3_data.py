@@ -277,7 +277,9 @@ def test_output_folders_that_killed_tasks_left_are_removed_by_the_next_and_live_
         live.stdin.close()
         assert live.wait(timeout=60) == 0
     assert files.read_text(f"{root}/live/part") == "written"
-    assert files.isfile(f"{root}/live/{artifacts.PUBLISHED_FILE}") and not files.exists(f"{root}/killed")
+    assert files.isfile(f"{root}/live/{artifacts.PUBLISHED_FILE}")
+    # The killed task published nothing: on the store it left only its signature as the output's writer.
+    assert [name for name, _ in files.walk_files(f"{root}/killed")] == [artifacts.WRITER_FILE]
     assert os.listdir(tmp_path / "cache" / "s3-staging") == []
 
 

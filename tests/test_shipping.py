@@ -304,21 +304,27 @@ def test_a_gs_serving_folder_gives_distinct_whole_versions_to_pushers_on_any_hos
     assert serving_dir.publish(artifacts.serving_model_path(model), destination) == 9
 
 
+def _push_on_a_store(store_root: str, tmp_path, monkeypatch, name: str) -> tuple:
+    """A Pusher's (inputs, outputs, params) with its serving folder and PushedModel on a store, and a registry."""
+    import uuid
+
+    monkeypatch.chdir(tmp_path)  # a sqlite tracking URI keeps its runs' artifacts in ./mlruns
+    model, blessing = _tiny_saved_model(str(tmp_path / "model")), _blessing(str(tmp_path / "blessing"))
+    root = f"{store_root}/{uuid.uuid4().hex[:8]}"
+    params = {"destination": f"{root}/serving", "registered_model": name,
+              "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    return {"model": model, "model_blessing": blessing}, {"pushed_model": f"{root}/Pusher/pushed_model"}, params
+
+
 def test_a_pusher_cut_off_mid_push_whose_retry_pushed_makes_no_second_version(tmp_path, gcs, monkeypatch):
     """A Pusher attempt cut off as it began its upload, retried meanwhile: the retry pushes and registers the model.
     When the first attempt gets its network back it finishes nothing: no second version of the same model, no second
     registry version, and the alias stays on the retry's."""
-    import uuid
-
     from hpml.components.errors import TakenOver
     from hpml.components.pusher import PUSHER
 
-    monkeypatch.chdir(tmp_path)  # a sqlite tracking URI keeps its runs' artifacts in ./mlruns
-    model, blessing = _tiny_saved_model(str(tmp_path / "model")), _blessing(str(tmp_path / "blessing"))
-    root = f"{gcs.root}/{uuid.uuid4().hex[:8]}"
-    params = {"destination": f"{root}/serving", "registered_model": "cut_off",
-              "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    run = ({"model": model, "model_blessing": blessing}, {"pushed_model": f"{root}/Pusher/pushed_model"}, params)
+    run = _push_on_a_store(gcs.root, tmp_path, monkeypatch, "cut_off")
+    params = run[2]
     publish, retry = serving_dir.publish, []
 
     def retried_while_cut_off(*args):
@@ -335,6 +341,46 @@ def test_a_pusher_cut_off_mid_push_whose_retry_pushed_makes_no_second_version(tm
     assert serving_dir.versions(params["destination"]) == [1]
     assert registry.registry_versions(params["tracking_uri"], "cut_off", params["destination"]) == {1: 1}
     assert registry.champion(params["tracking_uri"], "cut_off") == 1
+    assert json.loads(files.read_text(f"{run[1]['pushed_model']}/{artifacts.PUSH_FILE}")) == retry[0]
+
+
+@pytest.mark.parametrize("store", ["gcs", "s3"])
+def test_a_pusher_back_while_its_retry_pushes_leaves_the_push_to_the_retry(store, request, tmp_path, monkeypatch):
+    """The first attempt gets its network back while its retry is still uploading: the retry signed the PushedModel
+    when it began (on s3://, where the PushedModel is uploaded at the end, before anything else), so the first
+    attempt makes no version, and the retry's push is the only one."""
+    import threading
+
+    from hpml.components.errors import TakenOver
+    from hpml.components.pusher import PUSHER
+
+    run = _push_on_a_store(request.getfixturevalue(store).root, tmp_path, monkeypatch, "back_early")
+    params = run[2]
+    publish, retry_uploading, first_done, retry = serving_dir.publish, threading.Event(), threading.Event(), []
+
+    def interleaved(*args):
+        if threading.current_thread() is threading.main_thread():  # the first attempt, cut off here
+            time.sleep(0.01)
+            threading.Thread(target=lambda: retry.append(PUSHER.run(*run)["push"]), daemon=True).start()
+            assert retry_uploading.wait(120), "the retry did not reach its upload"
+            try:
+                return publish(*args)  # its network is back: it goes on
+            finally:
+                first_done.set()
+        retry_uploading.set()
+        assert first_done.wait(120)
+        return publish(*args)
+
+    monkeypatch.setattr(serving_dir, "publish", interleaved)
+    with pytest.raises(TakenOver, match="began after this one is writing it"):
+        PUSHER.run(*run)
+    deadline = time.monotonic() + 120
+    while not retry and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert retry, "the retry did not finish"
+    version = retry[0]["version"]  # the first attempt claimed a number before it stopped
+    assert serving_dir.versions(params["destination"]) == [version]
+    assert registry.registry_versions(params["tracking_uri"], "back_early", params["destination"]) == {version: 1}
     assert json.loads(files.read_text(f"{run[1]['pushed_model']}/{artifacts.PUSH_FILE}")) == retry[0]
 
 
