@@ -78,9 +78,7 @@ def publish(uri: str, started_at: float | None = None) -> Iterator[str]:
         started_at = time.time() if started_at is None else started_at
         files.rmtree(uri)
         files.makedirs(uri)
-        writer_id = uuid.uuid4().hex
-        files.write_text(os.path.join(uri, WRITER_FILE), json.dumps(
-            {"attempt": writer_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at}))
+        writer_id = _sign(uri, started_at)
         try:
             yield uri
         except BaseException:
@@ -181,9 +179,7 @@ def announce(uri: str, started_at: float) -> Callable[[], None]:
     meanwhile then finds it (`superseded_check`, `publish`). Ends (TakenOver) where a later attempt signed or
     published it first. Returns what withdraws the signature, where it is still this attempt's."""
     _refuse_if_superseded(uri, started_at)
-    writer_id = uuid.uuid4().hex
-    files.write_text(os.path.join(uri, WRITER_FILE), json.dumps(
-        {"attempt": writer_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at}))
+    writer_id = _sign(uri, started_at)
 
     def withdraw() -> None:
         with contextlib.suppress(OSError):
@@ -225,6 +221,14 @@ def _refuse_if_superseded(uri: str, started_at: float) -> None:
         if later:
             raise TakenOver(f"{uri}: an attempt of this task that began after this one {doing} it; this attempt "
                             "leaves it to that one", hint=_TAKEN_OVER)
+
+
+def _sign(uri: str, started_at: float) -> str:
+    """Write the writer record of a new attempt at `uri` (an object store's artifact); its id."""
+    writer_id = uuid.uuid4().hex
+    files.write_text(os.path.join(uri, WRITER_FILE), json.dumps(
+        {"attempt": writer_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at}))
+    return writer_id
 
 
 def _writer(uri: str) -> str | None:
