@@ -1,6 +1,7 @@
 """Services on the test hosts (tests/cluster.py), each bound to its host's address as on a real machine.
 
 - `ClusterStore`: the gs:// object store on the storage host (tests/object_store.py's emulator and TLS front).
+- `ClusterS3`: an S3-compatible store (moto's server) on the storage host.
 - `beam_worker_pool`, `beam_job_service`: Beam's portable runner across hosts: a job service beside the driver,
   EXTERNAL SDK worker pools on the worker hosts.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 from tests.cluster import HOST_DIR, Cluster, Host
 from tests.object_store import _self_signed, hard_deletes
 
-EMULATOR_PORT, FRONT_PORT = 9023, 9443
+EMULATOR_PORT, FRONT_PORT, S3_PORT = 9023, 9443, 9024
 # Below the kernel's ephemeral range (32768-60999), where a client's port (srun's, say) could already hold them.
 BEAM_POOL_PORT, BEAM_JOB_PORT = 25000, 8099
 
@@ -71,6 +72,32 @@ class ClusterStore:
             "CURL_CA_BUNDLE": str(config / "front.pem"), "REQUESTS_CA_BUNDLE": str(config / "front.pem"),
             "GOOGLE_AUTH_TOKEN_FOR_TESTING": "hpml-test", "NO_GCE_CHECK": "true", "GOOGLE_CLOUD_PROJECT": "hpml-test",
         }
+
+
+class ClusterS3:
+    """moto's S3 server on one host, reached over the network as any S3-compatible store is: `env(host)` holds the
+    standard AWS variables for a process on `host` (or the tests' own, with None)."""
+
+    def __init__(self, cluster: Cluster, host: str = "storage", bucket: str = "hpml-test"):
+        self.cluster, self.host, self.bucket = cluster, cluster[host], bucket
+        self.root = f"s3://{bucket}"
+
+    def start(self) -> ClusterS3:
+        import boto3
+
+        server = self.host.popen([str(Path(sys.executable).parent / "moto_server"), "-H", "0.0.0.0", "-p",
+                                  str(S3_PORT)], log=self.host.dir / "moto.log")
+        self.host.wait_for_port(S3_PORT, process=server)
+        settings = self.env(None)
+        boto3.client("s3", endpoint_url=settings["AWS_ENDPOINT_URL_S3"], region_name=settings["AWS_REGION"],
+                     aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=settings["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=self.bucket)
+        return self
+
+    def env(self, host: Host | None) -> dict[str, str]:
+        address = self.host.address if host is None else self.host.name
+        return {"AWS_ACCESS_KEY_ID": "hpml-test", "AWS_SECRET_ACCESS_KEY": "hpml-test", "AWS_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL_S3": f"http://{address}:{S3_PORT}"}
 
 
 def beam_worker_pool(host: Host, env: dict[str, str]):

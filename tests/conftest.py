@@ -152,6 +152,14 @@ def cluster_store(cluster):
 
 
 @pytest.fixture(scope="session")
+def cluster_s3(cluster):
+    """An s3:// store on the storage host (moto's server); no folder is shared between hosts."""
+    from tests.cluster_services import ClusterS3
+
+    return ClusterS3(cluster).start()
+
+
+@pytest.fixture(scope="session")
 def slurm(cluster):
     """Slurm on the test hosts: the controller on control, a node on each worker host."""
     from tests.cluster_services import SlurmCluster

@@ -61,10 +61,12 @@ def store_env(env: dict):
 
 
 def served_weights(model: str) -> dict:
-    """{variable: value} of a Model artifact's serving SavedModel (local, gs:// or s3:// where TF reads it)."""
+    """{variable: value} of a Model artifact's serving SavedModel (local, gs://, or s3:// through a local copy)."""
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(f"{model}/Format-Serving/variables/variables")
+    from hpml.components import files
+
+    reader = tf.train.load_checkpoint(f"{files.tf_readable(model)}/Format-Serving/variables/variables")
     return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
             if key.endswith("VARIABLE_VALUE") and "save_counter" not in key}
 

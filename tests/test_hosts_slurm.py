@@ -3,8 +3,10 @@ one task per worker host; the tasks address each other through TF's SlurmCluster
 Trainer but the object store. A worker host that dies mid-training (every process on it SIGKILLed, Slurm's daemon
 included) costs a resubmission that resumes from the last backup on the store, and the model ends as the same
 training without a failure does (run by the local launcher: MultiWorkerMirrored is deterministic). A
-ParameterServer job (chief, server, worker) shares the two hosts and completes once the chief is done."""
+ParameterServer job (chief, server, worker) shares the two hosts and completes once the chief is done. With every
+artifact on s3://, which TensorFlow cannot read, each task downloads its inputs into its own host's cache."""
 import json
+import os
 import re
 import threading
 import time
@@ -183,6 +185,54 @@ def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model
     with store_env(cluster_store.env(None)):
         resumed = served_weights(outputs["model"])
     assert_same_weights(resumed, uninterrupted)
+
+
+def test_a_job_over_artifacts_on_s3_reads_them_on_each_host_and_trains_the_same_weights(
+        cluster, cluster_store, cluster_s3, slurm, store_penguin, uninterrupted):
+    """The Trainer's inputs and outputs on s3://: each task downloads what it reads by its s3:// URI into a cache on
+    its own host, the chief uploads the model, and the Trainer on the control host publishes it. The weights are
+    those of the same training over the gs:// store."""
+    from hpml.components import artifacts, files, publishing, s3_files
+
+    root = f"{cluster_s3.root}/slurm"
+    inputs = {}
+    with store_env({**cluster_store.env(None), **cluster_s3.env(None)}):
+        s3_files.forget_clients()
+        for name, uri in _inputs(store_penguin).items():
+            with publishing.publish(f"{root}/{name}") as target:
+                files.copy_tree(uri, target)
+            inputs[name] = f"{root}/{name}"
+        shards = [path.rsplit("/", 1)[-1] for split in ("train", "eval")
+                  for path in files.glob(artifacts.transformed_examples_file_pattern(inputs["examples"], split))]
+    s3_files.forget_clients()
+    outputs = {"model": f"{root}/model", "model_run": f"{root}/run"}
+    store = _WithEnv(cluster_s3, HPML_CACHE_DIR="/tmp/hpml-cache")  # each host's own /tmp
+    launch, log = _train(cluster, store, slurm, inputs, outputs, _params())
+    assert launch["launcher"] == "slurm" and launch["restarts"] == 0 and launch["nodes"] == ["worker[1-2]"], launch
+    assert "[chief-0] chief-0 exited with 0" in log and "[worker-0] worker-0 exited with 0" in log, log[-4000:]
+    for name in ("worker1", "worker2"):
+        cache = cluster[name].path("/tmp/hpml-cache/s3")
+        copies = sorted(os.listdir(cache)) if cache.is_dir() else []
+        assert len([c for c in copies if (cache / c).is_dir()]) == 2, (name, copies)  # transform graph, input pipeline
+        assert len([c for c in copies if (cache / c).is_file()]) == len(shards) + 1, (name, copies, shards)
+    with store_env(cluster_s3.env(None)):
+        s3_files.forget_clients()
+        trained = served_weights(outputs["model"])
+        assert files.isfile(f"{outputs['model_run']}/{artifacts.EVAL_METRICS_FILE}")
+        assert not [path for path in files.glob(f"{root}/*") if path.endswith(".work")], "the working dir is removed"
+    s3_files.forget_clients()
+    assert_same_weights(trained, uninterrupted)
+    slurm.wait_for_nodes()
+
+
+class _WithEnv:
+    """A store's settings with more variables for the Trainer's process (and, through Slurm, its tasks)."""
+
+    def __init__(self, store, **extra: str):
+        self.store, self.extra = store, extra
+
+    def env(self, host) -> dict[str, str]:
+        return {**self.store.env(host), **self.extra}
 
 
 def test_a_task_ends_once_a_peer_it_saw_up_stays_unreachable():

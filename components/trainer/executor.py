@@ -82,7 +82,7 @@ def run(inputs: Mapping[str, Any], outputs: Mapping[str, str], params: Mapping[s
     train_files = _check_inputs(inputs["examples"], params["train_splits"])
     eval_files = _check_inputs(inputs["examples"], params["eval_splits"])
     distillation = distill_mode.plan(inputs["examples"], inputs.get("teachers"), params)
-    cluster = _checked_cluster(params, outputs["model"])
+    cluster = _checked_cluster(params, staging.published_uri(outputs["model"]))
     plan = make_plan(params)
     distributed = params["num_workers"] > 1 or params["num_ps"] > 0
     if distributed and params["launcher"] == "local" and plan.strategy not in CLUSTER_STRATEGIES:
