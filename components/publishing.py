@@ -28,6 +28,8 @@ from hpml.components.artifacts import PUBLISHED_FILE, WRITER_FILE
 from hpml.components.errors import TakenOver
 
 _TMP_MARKER = ".tmp-"
+# {output URI: (writer id, when its attempt began)} for the artifacts this process is publishing on an object store.
+_SIGNED: dict[str, tuple[str, float]] = {}
 # {output URI: when the attempt writing it began}, while a component's attempt runs (`attempt`).
 _BEGAN: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("hpml_attempt_began", default=None)
 
@@ -79,14 +81,19 @@ def publish(uri: str, started_at: float | None = None) -> Iterator[str]:
         files.rmtree(uri)
         files.makedirs(uri)
         writer_id = _sign(uri, started_at)
+        _SIGNED[_key(uri)] = (writer_id, started_at)
         try:
             yield uri
-        except BaseException:
+        except BaseException as err:
+            # Taken over, this attempt removes nothing: its signature may be back only because a request of its own,
+            # held up while its host was cut off, landed after the later attempt signed.
             with contextlib.suppress(Exception):
-                if _writer(uri) == writer_id:
+                if not isinstance(err, TakenOver) and _writer(uri) == writer_id:
                     files.rmtree(uri)
             raise
-        _check_writer(uri, writer_id)
+        finally:
+            _SIGNED.pop(_key(uri), None)
+        _hold(uri, writer_id, started_at)
         files.remove(os.path.join(uri, WRITER_FILE))  # the published artifact is the files the manifest lists
         manifest = {"files": dict(files.walk_files(uri)), "started_at": started_at}
         files.write_text(os.path.join(uri, PUBLISHED_FILE), json.dumps(manifest, indent=1, sort_keys=True))
@@ -170,7 +177,8 @@ def writer_fence(uri: str) -> Callable[[], None]:
     the check passes. Picklable, for Beam workers."""
     if not files.is_url(uri):
         return unfenced
-    return functools.partial(_check_writer, uri, _writer(uri))
+    writer_id, started_at = _SIGNED.get(_key(uri)) or (_writer(uri), 0.0)
+    return functools.partial(_hold, uri, writer_id, started_at)
 
 
 def announce(uri: str, started_at: float) -> Callable[[], None]:
@@ -206,26 +214,41 @@ def unfenced() -> None:
 _TAKEN_OVER = "an attempt whose host was cut off, or whose task was retried elsewhere, ends here"
 
 
-def _check_writer(uri: str, writer_id: str | None) -> None:
-    if _writer(uri) != writer_id:
+def _hold(uri: str, writer_id: str | None, started_at: float) -> None:
+    """Before each write into an artifact this attempt signed: `TakenOver` once a later attempt signed or published
+    it. A signature that is gone, or an earlier attempt's, is made this attempt's again: a request of an attempt whose
+    host was cut off (a signature, a removal) can land once the network is back, after the later attempt signed, and
+    the artifact stays with the attempt that began last."""
+    if _writer(uri) == writer_id:
+        return
+    if writer_id is None or _superseding(uri, started_at):
         raise TakenOver(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
                         "attempt leaves it to that one", hint=_TAKEN_OVER)
+    _sign(uri, started_at, writer_id)
 
 
 def _refuse_if_superseded(uri: str, started_at: float) -> None:
     """`TakenOver` if an attempt that began after `started_at` published, or is writing, the artifact at `uri`."""
+    doing = _superseding(uri, started_at)
+    if doing:
+        raise TakenOver(f"{uri}: an attempt of this task that began after this one {doing} it; this attempt "
+                        "leaves it to that one", hint=_TAKEN_OVER)
+
+
+def _superseding(uri: str, started_at: float) -> str | None:
+    """What an attempt that began after `started_at` did to the artifact at `uri` ('published', 'is writing'), or
+    None."""
     for name, doing in ((PUBLISHED_FILE, "published"), (WRITER_FILE, "is writing")):
-        later = False
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            later = json.loads(files.read_text(os.path.join(uri, name))).get("started_at", 0) > started_at
-        if later:
-            raise TakenOver(f"{uri}: an attempt of this task that began after this one {doing} it; this attempt "
-                            "leaves it to that one", hint=_TAKEN_OVER)
+            if json.loads(files.read_text(os.path.join(uri, name))).get("started_at", 0) > started_at:
+                return doing
+    return None
 
 
-def _sign(uri: str, started_at: float) -> str:
-    """Write the writer record of a new attempt at `uri` (an object store's artifact); its id."""
-    writer_id = uuid.uuid4().hex
+def _sign(uri: str, started_at: float, writer_id: str | None = None) -> str:
+    """Write the writer record of an attempt at `uri` (an object store's artifact): a new one, or `writer_id`'s
+    again; its id."""
+    writer_id = writer_id or uuid.uuid4().hex
     files.write_text(os.path.join(uri, WRITER_FILE), json.dumps(
         {"attempt": writer_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at}))
     return writer_id

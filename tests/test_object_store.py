@@ -167,6 +167,38 @@ def test_an_attempt_that_comes_back_after_its_retry_began_leaves_the_retrys_work
         assert not list(files.walk_files(stale)) and not list(files.walk_files(later))
 
 
+def test_requests_of_a_cut_off_attempt_that_land_late_leave_the_artifact_to_its_retry(gcs, tmp_path):
+    """Requests of an attempt whose host was cut off can land once the network is back, after its retry signed the
+    artifact: its signature replaced the retry's, and when it then ended (taken over at its next output) it emptied
+    the artifact the retry was writing, which failed the retry too (seen on the test hosts). An attempt taken over
+    removes nothing; the retry signs again, whether the late request signed or removed the signature, and the
+    attempt cut off can write no more."""
+    from hpml.components.errors import TakenOver
+
+    uri = f"{gcs.root}/{tmp_path.name}/Transform/transformed_examples"
+    cut_off_began = time.time()
+    cut_off = publishing.publish(uri, cut_off_began)
+    cut_off.__enter__()
+    cut_off_fence = publishing.writer_fence(uri)
+    late_signature = files.read_text(f"{uri}/{artifacts.WRITER_FILE}")
+    with publishing.publish(uri, cut_off_began + 40) as retry:
+        fence = publishing.writer_fence(uri)
+        files.write_text(f"{retry}/shard-0", "1")
+        files.write_text(f"{uri}/{artifacts.WRITER_FILE}", late_signature)  # the cut-off attempt's signature lands
+        taken_over = TakenOver("its next output was taken over")
+        assert cut_off.__exit__(TakenOver, taken_over, None) is False
+        assert files.read_text(f"{retry}/shard-0") == "1", "the attempt taken over removed nothing"
+        fence()  # the retry signs again
+        with pytest.raises(TakenOver, match="taken over by another attempt"):
+            cut_off_fence()
+        files.write_text(f"{retry}/shard-1", "22")
+        files.remove(f"{uri}/{artifacts.WRITER_FILE}")  # the cut-off attempt's removal of the signature lands
+        fence()
+        files.write_text(f"{retry}/shard-2", "333")
+    assert _manifest(uri) == {"shard-0": 1, "shard-1": 2, "shard-2": 3}
+    assert sorted(_objects(gcs, uri)) == [artifacts.PUBLISHED_FILE, "shard-0", "shard-1", "shard-2"]
+
+
 def test_a_gate_that_publishes_after_its_retry_did_ends_and_leaves_the_retrys_blessing(gcs, tmp_path, penguin_outputs,
                                                                                         monkeypatch):
     """Any component, not only Transform: a Gate attempt cut off while it scored, and retried meanwhile, comes back
