@@ -482,6 +482,37 @@ def test_the_gate_scores_both_models_on_the_same_examples_in_one_pass(penguin_ou
     assert refusal.value.hint == "a classifier's metrics: accuracy, loss" and not os.path.exists(refused)
 
 
+def test_an_eval_example_without_its_label_fails_the_gate_naming_the_split_and_the_label(penguin_outputs, tmp_path):
+    """An eval split where one example lacks the label is refused with an error naming the label and the files, and
+    no blessing is published; the same split with every label there is scored whole."""
+    import tensorflow as tf
+
+    from hpml.components.errors import InputDataError
+    from hpml.components.gate import GATE
+
+    records_ = [tf.train.Example.FromString(r.numpy()) for r in _eval_records(penguin_outputs)]
+    examples = str(tmp_path / "examples")
+    pattern = artifacts.examples_file_pattern(examples, "eval")
+    os.makedirs(os.path.dirname(pattern))
+    with tf.io.TFRecordWriter(pattern.replace("*", "00000-of-00001"), "GZIP") as writer:
+        for index, example in enumerate(records_):
+            if index == 5:
+                del example.features.feature["species"]
+            writer.write(example.SerializeToString())
+    inputs = {"examples": examples, "schema": penguin_outputs["ExampleGen"]["schema"],
+              "model": penguin_outputs["Trainer"]["model"]}
+    params = {"label_key": "species", "thresholds": {"accuracy": 0.0}, "batch_size": 4}
+    with pytest.raises(InputDataError) as refusal:
+        GATE.run(inputs, {"blessing": str(tmp_path / "refused")}, params)
+    assert str(refusal.value) == (  # the sixth example, in the second batch of 4
+        f"Gate: {pattern}: an example's label 'species' is missing or not one value, in examples 5-8 of the split "
+        "(Feature: species (data type: string) is required but could not be found.)")
+    assert not os.path.exists(tmp_path / "refused")
+    whole = GATE.run({**inputs, "examples": penguin_outputs["ExampleGen"]["examples"]},
+                     {"blessing": str(tmp_path / "blessing")}, params)["blessing"]
+    assert whole["examples"] == len(records_) and whole["blessed"]
+
+
 def _eval_records(outputs: dict):
     import tensorflow as tf
 

@@ -1,11 +1,17 @@
 """Score classifiers or regressors on one split of raw tf.Examples, in one pass: each batch is read once and goes
-through every model's serving signature (parse, transform and model, as a client calls it)."""
+through every model's serving signature (parse, transform and model, as a client calls it). A batch's work is one
+TensorFlow function call: the models run side by side, their sums stay in TensorFlow, and reading, decompressing and
+parsing the labels run ahead on tf.data's threads."""
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 
 from hpml.components import artifacts, files
 from hpml.components.errors import InputDataError, SpecError
+
+log = logging.getLogger(__name__)
 
 # The metrics the gate computes, and which way is better: a classifier's accuracy and log loss; a regressor's mean
 # squared error (its loss), mean absolute error and R^2 (1 - its squared error over the eval labels' variance: 0 is
@@ -14,22 +20,23 @@ HIGHER_IS_BETTER = {"accuracy": True, "loss": False, "mae": False, "r2": True}
 CLASSIFIER_METRICS = ("accuracy", "loss")
 REGRESSOR_METRICS = ("loss", "mae", "r2")
 _PROBABILITY_FLOOR = 1e-7  # the loss of a probability of 0 is large, not infinite
+_PROGRESS_EVERY_S = 30.0
 
 
 class _Classifier:
-    """A classifier's serving signature, the class name of each probability column, and its running sums."""
+    """A classifier's serving signature, the class name of each probability column, and the sums its metrics come
+    from: examples predicted right and the log loss."""
 
-    kind, computes = "classifier", CLASSIFIER_METRICS
+    kind, computes, sums = "classifier", CLASSIFIER_METRICS, 2
 
     def __init__(self, name: str, loaded):
         self.name = name
         self.loaded = loaded  # keeps the signature's variables alive
         self.signature = loaded.signatures["serving_default"]
         self.class_names = loaded.signatures[artifacts.CLASS_NAMES_SIGNATURE]()["class_names"]
-        self.correct = 0
-        self.log_loss = 0.0
 
-    def add(self, serialized, label) -> None:
+    def batch_sums(self, serialized, label):
+        """This batch's [examples predicted right, log loss], float64 (traced into the pass's function)."""
         import tensorflow as tf
 
         labels = label if label.dtype == tf.string else tf.strings.as_string(label)
@@ -37,38 +44,41 @@ class _Classifier:
         matches = tf.equal(labels[:, None], self.class_names[None, :])
         label_probability = tf.reduce_sum(tf.where(matches, probabilities, 0.0), axis=1)
         predicted = tf.gather(self.class_names, tf.argmax(probabilities, axis=1))
-        self.correct += int(tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.int64)))
-        self.log_loss += float(-tf.reduce_sum(tf.math.log(tf.maximum(label_probability, _PROBABILITY_FLOOR))))
+        correct = tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float64))
+        log_loss = -tf.reduce_sum(tf.math.log(tf.maximum(label_probability, _PROBABILITY_FLOOR)))
+        return tf.stack([correct, tf.cast(log_loss, tf.float64)])
 
-    def metrics(self, count: int) -> dict[str, float]:
-        return {"accuracy": self.correct / count, "loss": self.log_loss / count}
+    @staticmethod
+    def metrics(sums, count: int) -> dict[str, float]:
+        correct, log_loss = sums
+        return {"accuracy": correct / count, "loss": log_loss / count}
 
 
 class _Regressor:
     """A regressor's serving signature (`predictions`) and the sums its errors and R^2 come from."""
 
-    kind, computes = "regressor", REGRESSOR_METRICS
+    kind, computes, sums = "regressor", REGRESSOR_METRICS, 4
 
     def __init__(self, name: str, loaded):
         self.name = name
         self.loaded = loaded
         self.signature = loaded.signatures["serving_default"]
-        self.squared = self.absolute = self.label_sum = self.label_squares = 0.0
 
-    def add(self, serialized, label) -> None:
+    def batch_sums(self, serialized, label):
+        """This batch's [squared error, absolute error, label, squared label] sums, float64."""
         import tensorflow as tf
 
         actual = tf.cast(tf.reshape(label, [-1]), tf.float64)
         error = tf.cast(tf.reshape(self.signature(examples=serialized)["predictions"], [-1]), tf.float64) - actual
-        self.squared += float(tf.reduce_sum(tf.square(error)))
-        self.absolute += float(tf.reduce_sum(tf.abs(error)))
-        self.label_sum += float(tf.reduce_sum(actual))
-        self.label_squares += float(tf.reduce_sum(tf.square(actual)))
+        return tf.stack([tf.reduce_sum(tf.square(error)), tf.reduce_sum(tf.abs(error)), tf.reduce_sum(actual),
+                         tf.reduce_sum(tf.square(actual))])
 
-    def metrics(self, count: int) -> dict[str, float]:
-        spread = self.label_squares - self.label_sum ** 2 / count  # the squared error of predicting the mean
-        r2 = 1.0 - self.squared / spread if spread > 0 else (1.0 if self.squared == 0 else float("-inf"))
-        return {"loss": self.squared / count, "mae": self.absolute / count, "r2": r2}
+    @staticmethod
+    def metrics(sums, count: int) -> dict[str, float]:
+        squared, absolute, label_sum, label_squares = sums
+        spread = label_squares - label_sum ** 2 / count  # the squared error of predicting the mean
+        r2 = 1.0 - squared / spread if spread > 0 else (1.0 if squared == 0 else float("-inf"))
+        return {"loss": squared / count, "mae": absolute / count, "r2": r2}
 
 
 def _load(name: str, serving: str):
@@ -129,17 +139,36 @@ def score(examples_uri: str, schema_uri: str, split: str, label_key: str, models
     label_spec = {label_key: _label_feature(schema_uri, label_key)}
     scored = [_load(name, uri) for name, uri in models.items()]
     require_metrics(scored, metrics)
-    count = 0
-    batches = tf.data.TFRecordDataset(shards, compression_type="GZIP").batch(batch_size)
+    totals = [tf.Variable(tf.zeros([model.sums], tf.float64), trainable=False) for model in scored]
+
+    @tf.function(autograph=False, input_signature=[  # one trace, the last batch's shorter shape included
+        tf.TensorSpec([None], tf.string), tf.TensorSpec([None], label_spec[label_key].dtype)])
+    def add(serialized, label):
+        for model, total in zip(scored, totals):
+            total.assign_add(model.batch_sums(serialized, label))
+
+    batches = tf.data.TFRecordDataset(shards, compression_type="GZIP").batch(batch_size).map(
+        lambda serialized: (serialized, tf.io.parse_example(serialized, label_spec)[label_key]),
+        num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    count, reported = 0, time.monotonic()
     try:
-        for serialized in batches:
-            label = tf.io.parse_example(serialized, label_spec)[label_key]
-            for model in scored:
-                model.add(serialized, label)
+        for serialized, label in batches:
+            add(serialized, label)
             count += int(serialized.shape[0])
-    except tf.errors.InvalidArgumentError as err:
-        raise InputDataError(f"Gate: {pattern}: an example's label {label_key!r} is missing or not one value "
-                             f"({err.message.splitlines()[0]})") from None
+            if time.monotonic() - reported > _PROGRESS_EVERY_S:
+                log.info("Gate: %d examples of split %r scored", count, split)
+                reported = time.monotonic()
+    except tf.errors.InvalidArgumentError as err:  # in the batch after the `count` examples scored
+        raise InputDataError(f"Gate: {pattern}: an example's label {label_key!r} is missing or not one value, in "
+                             f"examples {count + 1}-{count + batch_size} of the split "
+                             f"({_cause(err.message)})") from None
     if count == 0:
         raise InputDataError(f"Gate: split {split!r} at {pattern} has no examples to score")
-    return count, {model.name: model.metrics(count) for model in scored}
+    return count, {model.name: model.metrics([float(s) for s in total.numpy()], count)
+                   for model, total in zip(scored, totals)}
+
+
+def _cause(message: str) -> str:
+    """What TensorFlow says went wrong, without where in tf.data it did: from 'Feature: ...' where it names one."""
+    start = message.find("Feature: ")
+    return (message[start:] if start >= 0 else message).splitlines()[0]
