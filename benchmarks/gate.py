@@ -149,7 +149,7 @@ def render(data: dict) -> str:
              "serving signature: accuracy and log loss. *floor*: the split read and its labels parsed, no model. "
              "*with champion*: a second model (the same SavedModel) scored side by side.", "",
              "| rows | eval examples | floor | Gate | TFMA | TFMA / Gate | Gate with champion | TFMA with champion "
-             "| TFMA / Gate | Gate / floor | accuracy: Gate, TFMA |",
+             "| TFMA / Gate, with champion | Gate / floor | accuracy: Gate, TFMA |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for size in data["sizes"]:
         floor, gate, tfma = (size[kind]["median_s"] for kind in ("floor", "gate", "tfma"))
