@@ -40,13 +40,10 @@ def _floor(pattern: str, schema: str) -> dict:
     """Read the split as the Gate does, with no model: what any scoring pass over it costs at least."""
     import tensorflow as tf
 
-    from hpml.components.gate.scoring import _label_feature
+    from hpml.components.gate.scoring import _label_feature, labelled_batches
 
-    spec = {LABEL: _label_feature(schema, LABEL)}
     started = time.perf_counter()
-    batches = tf.data.TFRecordDataset(tf.io.gfile.glob(pattern), compression_type="GZIP").batch(1024).map(
-        lambda serialized: (serialized, tf.io.parse_example(serialized, spec)[LABEL]),
-        num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    batches = labelled_batches(tf.io.gfile.glob(pattern), LABEL, _label_feature(schema, LABEL), 1024)
     examples = sum(int(serialized.shape[0]) for serialized, _ in batches)
     return {"seconds": time.perf_counter() - started, "examples": examples}
 

@@ -136,23 +136,20 @@ def score(examples_uri: str, schema_uri: str, split: str, label_key: str, models
 
     pattern = artifacts.examples_file_pattern(examples_uri, split)
     shards = artifacts.require_files(pattern, f"Gate: split {split!r}")
-    label_spec = {label_key: _label_feature(schema_uri, label_key)}
+    label_feature = _label_feature(schema_uri, label_key)
     scored = [_load(name, uri) for name, uri in models.items()]
     require_metrics(scored, metrics)
     totals = [tf.Variable(tf.zeros([model.sums], tf.float64), trainable=False) for model in scored]
 
     @tf.function(autograph=False, input_signature=[  # one trace, the last batch's shorter shape included
-        tf.TensorSpec([None], tf.string), tf.TensorSpec([None], label_spec[label_key].dtype)])
+        tf.TensorSpec([None], tf.string), tf.TensorSpec([None], label_feature.dtype)])
     def add(serialized, label):
         for model, total in zip(scored, totals):
             total.assign_add(model.batch_sums(serialized, label))
 
-    batches = tf.data.TFRecordDataset(shards, compression_type="GZIP").batch(batch_size).map(
-        lambda serialized: (serialized, tf.io.parse_example(serialized, label_spec)[label_key]),
-        num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     count, reported = 0, time.monotonic()
     try:
-        for serialized, label in batches:
+        for serialized, label in labelled_batches(shards, label_key, label_feature, batch_size):
             add(serialized, label)
             count += int(serialized.shape[0])
             if time.monotonic() - reported > _PROGRESS_EVERY_S:
@@ -166,6 +163,17 @@ def score(examples_uri: str, schema_uri: str, split: str, label_key: str, models
         raise InputDataError(f"Gate: split {split!r} at {pattern} has no examples to score")
     return count, {model.name: model.metrics([float(s) for s in total.numpy()], count)
                    for model, total in zip(scored, totals)}
+
+
+def labelled_batches(shards: list[str], label_key: str, label_feature, batch_size: int):
+    """(serialized examples, their labels) in batches: the split read, decompressed and its labels parsed on tf.data's
+    threads, ahead of the batch being scored."""
+    import tensorflow as tf
+
+    spec = {label_key: label_feature}
+    return tf.data.TFRecordDataset(shards, compression_type="GZIP").batch(batch_size).map(
+        lambda serialized: (serialized, tf.io.parse_example(serialized, spec)[label_key]),
+        num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 def _cause(message: str) -> str:
