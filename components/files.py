@@ -376,26 +376,9 @@ def create_new(path: str, text: str = "") -> bool:
         return True
     if is_s3(path):
         return s3_files.create_new(path, text.encode("utf-8"))
-    scheme, _, rest = path.partition("://")
+    scheme = path.partition("://")[0]
     if scheme != "gs":
         raise ValueError(f"{path}: a create-only write needs a local path, gs:// or s3://, not {scheme}://")
-    from google.api_core.exceptions import PreconditionFailed
+    from hpml.components import gcs_files
 
-    bucket, _, name = rest.partition("/")
-    try:
-        _gcs_client().bucket(bucket).blob(name).upload_from_string(text, if_generation_match=0)
-    except PreconditionFailed:
-        return False
-    return True
-
-
-_GCS_CLIENTS: dict[int, object] = {}
-
-
-def _gcs_client():
-    """One google-cloud-storage client per process (it finds credentials as every Google client does)."""
-    if os.getpid() not in _GCS_CLIENTS:
-        from google.cloud import storage
-
-        _GCS_CLIENTS[os.getpid()] = storage.Client()
-    return _GCS_CLIENTS[os.getpid()]
+    return gcs_files.create_new(path, text)

@@ -198,6 +198,22 @@ def _matching(file_patterns: Sequence[str]) -> list[str]:
     return sorted(set(tf.io.gfile.glob(local) if local else []) | set(remote))
 
 
+def _readable_shards(spec: InputPipelineSpec, file_patterns: list[str]):
+    """(the reader of shards on s3://, or None; the shards to read; the ones skipped as corrupt) for the patterns."""
+    files = _matching(file_patterns)
+    if not files:
+        raise SpecError(f"no files match {', '.join(file_patterns)}")
+    reader = None
+    if any(is_s3(path) for path in files):  # read from local copies, fetched ahead of the reader
+        reader, files, skipped = read_ahead.usable_shards(files, spec.compression, spec.on_corrupt_shard,
+                                                          read_ahead.AHEAD + _opened_at_once(spec))
+    else:
+        files, skipped = usable_shards(files, spec.compression, spec.on_corrupt_shard)
+    if not files:
+        raise InputDataError(f"every shard matching {', '.join(file_patterns)} is corrupt: {', '.join(skipped)}")
+    return reader, files, skipped
+
+
 def build_dataset(
     spec: InputPipelineSpec,
     file_patterns: Sequence[str],
@@ -234,19 +250,8 @@ def build_dataset(
             f"({spec.schema_fingerprint} != {schema_fingerprint(schema)})",
             hint="re-run Transform for this data",
         )
-    if isinstance(file_patterns, str):
-        file_patterns = [file_patterns]
-    files = _matching(file_patterns)
-    if not files:
-        raise SpecError(f"no files match {', '.join(file_patterns)}")
-    reader = None
-    if any(is_s3(path) for path in files):  # read from local copies, fetched ahead of the reader
-        reader, files, skipped = read_ahead.usable_shards(files, spec.compression, spec.on_corrupt_shard,
-                                                          read_ahead.AHEAD + _opened_at_once(spec))
-    else:
-        files, skipped = usable_shards(files, spec.compression, spec.on_corrupt_shard)
-    if not files:
-        raise InputDataError(f"every shard matching {', '.join(file_patterns)} is corrupt: {', '.join(skipped)}")
+    reader, files, skipped = _readable_shards(spec, [file_patterns] if isinstance(file_patterns, str)
+                                              else list(file_patterns))
     location = None
     if spec.cache == "disk" and num_epochs != 1:
         stage = getattr(transform, "__qualname__", "") if transform else ""
