@@ -3,7 +3,8 @@ one task per worker host; the tasks address each other through TF's SlurmCluster
 Trainer but the object store. A worker host that dies mid-training (every process on it SIGKILLed, Slurm's daemon
 included) costs a resubmission that resumes from the last backup on the store, and the model ends as the same
 training without a failure does (run by the local launcher: MultiWorkerMirrored is deterministic). A
-ParameterServer job (chief, server, worker) shares the two hosts and completes once the chief is done. With every
+ParameterServer job (chief, server, worker) shares the two hosts, survives losing its worker's host by resuming after
+its last epoch backup, and completes once the chief is done. With every
 artifact on s3://, which TensorFlow cannot read, each task downloads its inputs into its own host's cache."""
 import json
 import os
@@ -68,35 +69,6 @@ def uninterrupted(cluster, cluster_store, store_penguin):
         return served_weights(outputs["model"])
 
 
-def test_parameter_servers_run_as_a_slurm_job_whose_servers_end_when_the_chief_is_done(
-        cluster, cluster_store, slurm, store_penguin):
-    """strategy parameter_server: the coordinator (chief), a parameter server and a worker as one Slurm job over
-    both worker hosts (cluster.nodes 2: three tasks on two nodes). Servers serve until stopped, so each ends once
-    the chief's log on the store says it finished, and the job completes."""
-    from hpml.components import artifacts, files
-
-    root = f"{cluster_store.root}/slurm/ps"
-    outputs = {"model": f"{root}/model", "model_run": f"{root}/run"}
-    params = {**_params(nodes=2), "strategy": "parameter_server", "num_workers": 1, "num_ps": 1,
-              "hyperparameters": {"epochs": 3, "batch_size": BATCH}}  # enough to learn; the job is the subject
-    launch, log = _train(cluster, cluster_store, slurm, _inputs(store_penguin), outputs, params)
-    assert launch["launcher"] == "slurm" and launch["restarts"] == 0 and launch["nodes"] == ["worker[1-2]"], launch
-    # TF's resolver hands ranks to the roles in name order, a port per task on a node: chief and ps on worker1.
-    spec = "{'chief': ['worker1:8888'], 'ps': ['worker1:8889'], 'worker': ['worker2:8888']}"
-    assert f"[chief-0] chief-0 on worker1: {spec}" in log, log[-4000:]
-    assert f"[ps-0] ps-0 on worker1: {spec}" in log and f"[worker-0] worker-0 on worker2: {spec}" in log
-    assert "strategy plan: parameter_server" in log and "a slurm job of 1 worker(s) and 1 parameter server(s)" in log
-    for task in ("ps-0", "worker-0"):
-        assert f"[{task}] chief-0 finished: this server's work is done" in log, log[-4000:]
-    for task in ("chief-0", "ps-0", "worker-0"):
-        assert f"[{task}] {task} exited with 0" in log, log[-4000:]
-    with store_env(cluster_store.env(None)):
-        assert any("kernel" in key for key in served_weights(outputs["model"]))
-        evaluated = json.loads(files.read_text(f"{outputs['model_run']}/{artifacts.EVAL_METRICS_FILE}"))
-    assert evaluated["accuracy"] > 0.8, evaluated  # it learned: three species, the largest a 44% share
-    slurm.wait_for_nodes()
-
-
 def test_a_job_spread_over_fewer_nodes_shares_them_and_more_nodes_than_tasks_is_refused():
     from hpml.components.errors import SpecError
     from hpml.components.trainer.launchers import slurm
@@ -128,39 +100,58 @@ def test_a_local_artifact_root_is_refused_before_anything_is_submitted(cluster, 
     assert "Submitted" not in result.stdout + result.stderr and "submitted" not in result.stdout + result.stderr
 
 
-def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model_ends_the_same(
-        cluster, cluster_store, slurm, store_penguin, uninterrupted):
-    from hpml.components.trainer.progress_state import progress_dir, read_progress, working_dir_for
-
-    killed_root = f"{cluster_store.root}/slurm/killed"
-    outputs = {"model": f"{killed_root}/model", "model_run": f"{killed_root}/run"}
-    work, worker2 = working_dir_for(outputs["model"]), cluster["worker2"]
+def _kill_mid_training(host, slurm, cluster_store, moment):
+    """A thread that kills `host` (every process on it) at the `moment` of training, then brings the host's Slurm
+    daemons back 15 s later; and what it saw: ({"step", "processes"} once it killed, {"reads", "steps", "error"}).
+    `moment(seen)`, called with the store's settings every 0.2 s for at most 600 s, returns the step to kill at, or
+    None for not yet."""
     killed, seen = {}, {}
 
-    def kill_worker2_mid_training():
+    def kill_mid_training():
         deadline = time.monotonic() + 600
         with store_env(cluster_store.env(None)):
             while time.monotonic() < deadline:
                 try:
-                    progress = read_progress(progress_dir(work)) or {}
+                    step = moment(seen)
                 except Exception as err:  # noqa: BLE001 - replaced as it is read, or the store slow: read again
-                    progress, seen["error"] = {}, f"{type(err).__name__}: {err}"[:300]
+                    step, seen["error"] = None, f"{type(err).__name__}: {err}"[:300]
                 seen["reads"] = seen.get("reads", 0) + 1
-                if progress.get("step") is not None and progress["step"] not in seen.setdefault("steps", []):
-                    seen["steps"].append(progress["step"])
-                # Past the first epoch (a backup every 5 steps), well before the end.
-                if STEPS_PER_EPOCH < progress.get("step", 0) < TOTAL_STEPS - 2 * STEPS_PER_EPOCH:
-                    killed.update(step=progress["step"], processes=worker2.kill())
+                if step is not None:
+                    killed.update(step=step, processes=host.kill())
                     break
                 time.sleep(0.2)
         if not killed:
             return
         time.sleep(15)  # the host is down; Slurm marks its node down and ends the job
-        slurm.start_munge(worker2)  # the host is back: its daemons start again
-        slurm.start_slurmd(worker2)
+        slurm.start_munge(host)  # the host is back: its daemons start again
+        slurm.start_slurmd(host)
 
-    killer = threading.Thread(target=kill_worker2_mid_training, daemon=True)
+    killer = threading.Thread(target=kill_mid_training, daemon=True)
     killer.start()
+    return killer, killed, seen
+
+
+def _between_steps(work: str, after: int, before: int):
+    """The moment the job's progress on the store is past step `after` and before step `before`."""
+    from hpml.components.trainer.progress_state import progress_dir, read_progress
+
+    def moment(seen):
+        step = (read_progress(progress_dir(work)) or {}).get("step")
+        if step is not None and step not in seen.setdefault("steps", []):
+            seen["steps"].append(step)
+        return step if step is not None and after < step < before else None
+    return moment
+
+
+def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model_ends_the_same(
+        cluster, cluster_store, slurm, store_penguin, uninterrupted):
+    from hpml.components.trainer.progress_state import working_dir_for
+
+    killed_root = f"{cluster_store.root}/slurm/killed"
+    outputs = {"model": f"{killed_root}/model", "model_run": f"{killed_root}/run"}
+    # Past the first epoch (a backup every 5 steps), well before the end.
+    killer, killed, seen = _kill_mid_training(cluster["worker2"], slurm, cluster_store, _between_steps(
+        working_dir_for(outputs["model"]), STEPS_PER_EPOCH, TOTAL_STEPS - 2 * STEPS_PER_EPOCH))
     launch, log = _train(cluster, cluster_store, slurm, _inputs(store_penguin), outputs, _params())
     killer.join(timeout=60)
     assert killed, f"training ended before worker2 could be killed; last seen {seen}"
@@ -185,6 +176,56 @@ def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model
     with store_env(cluster_store.env(None)):
         resumed = served_weights(outputs["model"])
     assert_same_weights(resumed, uninterrupted)
+
+
+def test_a_parameter_server_job_over_both_hosts_resumes_after_losing_its_worker_host_and_ends_with_its_chief(
+        cluster, cluster_store, slurm, store_penguin):
+    """strategy parameter_server: the coordinator (chief), a parameter server and a worker as one Slurm job over both
+    worker hosts (cluster.nodes 2: three tasks on two nodes, the only worker on worker2). worker2 dies once an epoch
+    was backed up: the coordinator cannot go on without a worker, the launcher submits the job again once the host is
+    back, and the coordinator resumes after the last epoch it backed up, not from the start. Servers serve until
+    stopped, so each ends once the chief's log on the store says it finished, and the job completes. Asynchronous
+    training computes no set weights; the model is exported and has learned."""
+    from hpml.components import artifacts, files
+    from hpml.components.trainer.progress_state import working_dir_for
+    from hpml.components.trainer.resume import backed_up_steps, backup_dir
+
+    root, epochs = f"{cluster_store.root}/slurm/ps-killed", 6
+    outputs = {"model": f"{root}/model", "model_run": f"{root}/run"}
+    params = {**_params(nodes=2), "strategy": "parameter_server", "num_workers": 1, "num_ps": 1,
+              "hyperparameters": {"epochs": epochs, "batch_size": BATCH}}
+    work = working_dir_for(outputs["model"])
+    # A parameter-server job reports no step as it trains (tf_keras runs no batch-level callback under it), and backs
+    # up at each epoch's end: the moment is its first backup.
+    killer, killed, seen = _kill_mid_training(cluster["worker2"], slurm, cluster_store,
+                                              lambda seen: backed_up_steps(backup_dir(work)) or None)
+    launch, log = _train(cluster, cluster_store, slurm, _inputs(store_penguin), outputs, params)
+    killer.join(timeout=60)
+    assert killed, f"training ended before worker2 could be killed; last seen {seen}"
+    assert launch["launcher"] == "slurm" and launch["restarts"] == 1 and len(launch["jobs"]) == 2, launch
+    assert launch["nodes"][-1] == "worker[1-2]", "the job ran again on both worker hosts, the lost one back"
+    assert killed["step"] < (epochs - 1) * STEPS_PER_EPOCH, f"killed too late to tell a resume: {killed}"
+    # Whichever saw the host gone first ended the job: the chief's own watch of its peers, or Slurm.
+    assert re.match(r"Slurm job \d+: (chief-0 exited with 75\b|ended NODE_FAIL)", launch["failures"][0]), \
+        launch["failures"]
+    # TF's resolver hands ranks to the roles in name order, a port per task on a node: chief and ps on worker1.
+    spec = "{'chief': ['worker1:8888'], 'ps': ['worker1:8889'], 'worker': ['worker2:8888']}"
+    assert f"[chief-0] chief-0 on worker1: {spec}" in log, log[-4000:]
+    assert f"[ps-0] ps-0 on worker1: {spec}" in log and f"[worker-0] worker-0 on worker2: {spec}" in log
+    assert "strategy plan: parameter_server" in log and "a slurm job of 1 worker(s) and 1 parameter server(s)" in log
+    for task in ("ps-0", "worker-0"):
+        assert f"[{task}] chief-0 finished: this server's work is done" in log, log[-4000:]
+    for task in ("chief-0", "ps-0", "worker-0"):
+        assert f"[{task}] {task} exited with 0" in log, log[-4000:]
+    with store_env(cluster_store.env(None)):
+        logged = [json.loads(line)["epoch"] for line in
+                  files.read_text(f"{outputs['model_run']}/{artifacts.METRICS_FILE}").splitlines() if line.strip()]
+        evaluated = json.loads(files.read_text(f"{outputs['model_run']}/{artifacts.EVAL_METRICS_FILE}"))
+        assert any("kernel" in key for key in served_weights(outputs["model"]))
+    assert logged.count(1) == 1, f"the second job began at epoch 1, not after its backup: {logged}"
+    assert sorted(set(logged)) == list(range(1, epochs + 1)) and logged[-1] == epochs, logged
+    assert evaluated["accuracy"] > 0.8, evaluated
+    slurm.wait_for_nodes()
 
 
 def test_a_job_over_artifacts_on_s3_reads_them_on_each_host_and_trains_the_same_weights(
