@@ -24,6 +24,21 @@ def _with_record(run_record, result: dict) -> dict:
     return {**result, RECORD_KEY: run_record(result).to_json()}
 
 
+def test_a_restart_whose_recovery_was_not_measured_records_no_steps_lost():
+    """A parameter-server job reports no step as it trains, so a launcher that restarted it whole cannot tell the
+    steps lost or the time to recover: the record leaves them out rather than say 0. Measured, they are kept, and a
+    worker restarted alone needs no recovery of the job."""
+    unmeasured = trainer_record({"launch": {"restarts": 1, "steps_lost": 0, "recovery_seconds": []}})
+    assert unmeasured.metrics == {"restarts": 1}
+    measured = trainer_record({"launch": {"restarts": 2, "steps_lost": 3, "recovery_seconds": [1.5, 2.0]}})
+    assert measured.metrics == {"restarts": 2, "steps_lost": 3, "recovery_seconds": 3.5}
+    in_place = trainer_record({"launch": {"restarts": 1, "steps_lost": 0, "recovery_seconds": [],
+                                          "restarted_in_place": ["worker-0"], "rejoin_seconds": [2.5]}})
+    assert in_place.metrics == {"restarts": 1, "steps_lost": 0, "recovery_seconds": 0, "rejoin_seconds": 2.5}
+    never = trainer_record({"launch": {"restarts": 0, "steps_lost": 0, "recovery_seconds": []}})
+    assert never.metrics == {"restarts": 0, "steps_lost": 0, "recovery_seconds": 0}
+
+
 def test_trainer_properties_become_run_record_fields(tmp_path):
     model_run = tmp_path / "model_run"
     model_run.mkdir()

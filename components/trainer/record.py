@@ -59,8 +59,12 @@ def _launch(launch: Mapping[str, Any] | None, metrics: dict, tags: dict) -> None
     if "job" in launch:  # a remote job (TFJob, Vertex AI CustomJob, Slurm job ids)
         tags["hpml.remote_job"] = f"{launch['launcher']}:{launch['job']}"
     if "restarts" in launch:  # a launcher that restarts the job itself (local, slurm)
-        metrics.update(restarts=launch["restarts"], steps_lost=launch["steps_lost"],
-                       recovery_seconds=sum(launch["recovery_seconds"]))
+        metrics["restarts"] = launch["restarts"]
+        # Measured from the chief's progress, which a parameter-server job does not report: a restart of the whole
+        # job there (not of a worker alone) leaves them unknown, which a 0 would misstate.
+        whole = launch["restarts"] - len(launch.get("restarted_in_place") or [])
+        if len(launch["recovery_seconds"]) >= whole:
+            metrics.update(steps_lost=launch["steps_lost"], recovery_seconds=sum(launch["recovery_seconds"]))
         if launch.get("restarted_in_place"):  # parameter-server workers restarted without the cluster
             tags["hpml.restarted_in_place"] = ",".join(launch["restarted_in_place"])
         if launch.get("rejoin_seconds"):
