@@ -151,6 +151,8 @@ class LocalLauncher:
         self._echo = echo or (lambda line: log.info("%s", line))
         self.processes: list[_Process] = []
         self._lock = threading.Lock()
+        self._launch_over = threading.Event()  # ends the recovery watches: a parameter-server job reports no progress
+        self._watches: list[threading.Thread] = []
 
     @property
     def parameter_server(self) -> bool:
@@ -167,6 +169,7 @@ class LocalLauncher:
 
     def run(self, job_path: str, progress_dir: str) -> LaunchReport:
         report = LaunchReport()
+        self._launch_over.clear()
         self._progress_dir = progress_dir
         started = time.perf_counter()
         with sigterm_raises("the local training cluster"):
@@ -190,6 +193,9 @@ class LocalLauncher:
                 return report
             finally:
                 self._stop_all()
+                self._launch_over.set()
+                for watch in self._watches:
+                    watch.join(timeout=5)
 
     def _watch_recovery(self, report, before, failed_at, progress_dir):
         """Once the restarted chief moves past its resume point, record steps lost and recovery time."""
@@ -199,6 +205,7 @@ class LocalLauncher:
 
         def watch():
             while True:
+                over = self._launch_over.is_set()  # then one last look at the progress, and no more
                 now = read_progress(progress_dir)
                 resumed = (now or {}).get("resumed_from_step")
                 if now and now.get("pid") != before.get("pid") and resumed is not None and now["step"] > resumed:
@@ -208,8 +215,11 @@ class LocalLauncher:
                 if now and now.get("event") == "end" and now.get("pid") != before.get("pid"):
                     report.recovery_seconds.append(time.perf_counter() - failed_at)
                     return
-                time.sleep(0.05)
-        threading.Thread(target=watch, daemon=True).start()
+                if over:
+                    return
+                self._launch_over.wait(0.05)
+        self._watches.append(threading.Thread(target=watch, daemon=True, name="hpml-recovery-watch"))
+        self._watches[-1].start()
 
     def _attempt(self, job_path: str, report: LaunchReport) -> str | None:
         """Start the cluster and watch it: None once it finished, else why it stopped."""
