@@ -5,6 +5,7 @@ Everything the tuner decides from is measured here, on this machine, and stored 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -137,6 +138,10 @@ def _sequential():
     return options
 
 
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=4).digest()
+
+
 def measure_tfrecords(files: Sequence[str], schema, *, compression: str, batch_size: int,
                       sample_records: int = 4096, transform: Callable | None = None) -> Measurements:
     """Measurements of TFRecord shards holding tf.Examples of `schema`."""
@@ -146,7 +151,11 @@ def measure_tfrecords(files: Sequence[str], schema, *, compression: str, batch_s
     feature_spec = schema_utils.schema_as_feature_spec(schema).feature_spec
 
     def on_disk(raw: list[bytes]) -> float:
-        framed = b"".join(len(r).to_bytes(8, "little") + b"\0" * 4 + r + b"\0" * 4 for r in raw)
+        # Each record is framed by its length and two CRCs, of the length and of the data. A digest stands in for
+        # each: like a CRC it repeats where its input does and looks random elsewhere, so it compresses as a CRC does.
+        # (Zeros compressed to nothing and overestimated the count of records of a few dozen bytes nearly twice.)
+        framed = b"".join(length + _digest(length) + r + _digest(r)
+                          for r in raw for length in [len(r).to_bytes(8, "little")])
         size = len(gzip.compress(framed, compresslevel=6)) if compression == "GZIP" else len(framed)
         return size / len(raw)
 
