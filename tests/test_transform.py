@@ -3,6 +3,7 @@ import glob
 import json
 import os
 import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -256,11 +257,12 @@ def test_the_stage_breakdown_reads_a_bounded_sample_whatever_the_tuned_shuffle_w
     from hpml.components.transform.spec import TRANSFORM as SPEC
 
     path = str(tmp_path / "transformed_examples-00000-of-00001.gz")
+    example = tf.train.Example()
+    example.features.feature["x"].float_list.value.append(1.5)
+    head, tail = example.SerializeToString().split(struct.pack("<f", 1.5))  # x's 4 bytes are all that differ
     with tf.io.TFRecordWriter(path, "GZIP") as writer:
-        for i in range(200_000):
-            example = tf.train.Example()
-            example.features.feature["x"].float_list.value.append(float(i))
-            writer.write(example.SerializeToString())
+        for i in range(1_000_000):
+            writer.write(head + struct.pack("<f", i) + tail)
     schema = schema_pb2.Schema()
     feature = schema.feature.add(name="x", type=schema_pb2.FLOAT)
     feature.shape.dim.add().size = 1
@@ -274,6 +276,7 @@ def test_the_stage_breakdown_reads_a_bounded_sample_whatever_the_tuned_shuffle_w
     sample = tuning.PROFILED_SAMPLES * 64
     assert window > 40 * sample, "the tuned window is far larger than the sample"
     read = {row["stage"]: row["num_elements"] for row in json.load(open(out / "stages.json"))["stages"]}["TFRecord"]
-    # What the readers read ahead of the profiled batches varies from run to run (4k to 7k records here); the tuned
-    # window does not bound it any more. Before, the pass read at least the whole window (67,912 records).
-    assert sample <= read < window / 4, (read, window)
+    # What the readers read ahead of the profiled batches varies with the tuned chunk size and map parallelism, and
+    # from run to run (5k to 14k records seen); the tuned window (~110k records here) does not bound it any more.
+    # Before, the pass read at least the whole window.
+    assert sample <= read < window / 2, (read, window)
