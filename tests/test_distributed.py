@@ -167,6 +167,21 @@ def _watch_pids(work: str) -> tuple[threading.Event, dict]:
     return stop, seen
 
 
+def _watch_progress(work: str) -> tuple[threading.Event, list[dict]]:
+    """Until the returned event is set, each new state of the live progress file in `work`."""
+    stop, seen = threading.Event(), []
+
+    def watch():
+        while not stop.is_set():
+            progress = read_progress(os.path.join(work, "progress"))
+            if progress and (not seen or progress["time"] != seen[-1]["time"]):
+                seen.append(progress)
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return stop, seen
+
+
 def _ps_epoch_backed_up(outputs, work):
     """Once the coordinator has logged an epoch and written its backup (the run dir is a temporary until published)."""
     def ready():
@@ -187,10 +202,12 @@ def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs,
     outputs = trainer_outputs(tmp_path, "pss_kill")
     work, epochs = outputs["model"] + ".work", 10
     thread, killed = _kill_when(_ps_epoch_backed_up(outputs, work), work, "ps-0", within_s=300)
+    stop_watching, progress = _watch_progress(work)
     result = TRAINER.run(trainer_inputs(penguin_outputs), outputs, {
         "module": "hpml.examples.penguin.module", "num_workers": 2, "num_ps": 1, "max_restarts": 1,
         "backup_save_freq": 5, "hyperparameters": {"epochs": epochs, "batch_size": 8, "learning_rate": 0.05}})
     thread.join()
+    stop_watching.set()
     assert killed, "the parameter server was never killed"
     assert result["plan"]["strategy"] == "parameter_server"
     assert result["launch"]["restarts"] == 1 and result["launch"]["restarted_in_place"] == []
@@ -202,8 +219,18 @@ def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs,
     assert [row["epoch"] for row in result["history"]] == list(range(1, epochs + 1))
     assert os.path.isfile(os.path.join(outputs["model"], "Format-Serving", "saved_model.pb"))
     assert not os.path.exists(work), "the backup is removed once training succeeded"
-    # The coordinator reports no progress, so the launcher's watch for the restart's recovery never sees one: it
-    # ends with the launch, not with this process.
+    # The coordinator's progress, for the Airflow UI, comes at each epoch's end: the epoch, the step, an ETA, each
+    # epoch's metrics. The restarted coordinator's first epoch is the one after its backup.
+    assert progress and all(p["grain"] == "epoch" and p["resumed_from_step"] is None for p in progress), progress
+    ends = [p for p in progress if p["event"] == "epoch"]
+    assert ends and all(p["eta_s"] > 0 or p["epoch"] == epochs for p in ends), ends
+    assert all(p["history"][-1]["epoch"] == p["epoch"] and p["step"] > 0 for p in ends), ends
+    pids = list(dict.fromkeys(p["pid"] for p in progress))
+    assert len(pids) == 2, f"one coordinator before the kill, one after: {pids}"
+    assert min(p["epoch"] for p in ends if p["pid"] == pids[1]) > 1, ends
+    # It names no resume step, so the launcher's watch for the restart's recovery measures nothing from it (the
+    # end of training is no recovery), and ends with the launch, not with this process.
+    assert result["launch"]["recovery_seconds"] == [] and result["launch"]["steps_lost"] == 0, result["launch"]
     assert "hpml-recovery-watch" not in [thread.name for thread in threading.enumerate()]
 
 

@@ -11,7 +11,7 @@ def test_the_progress_file_holds_epochs_eta_the_loss_so_far_and_each_epochs_metr
     import tf_keras
 
     from hpml.components.trainer.progress_reporter import TRACE_POINTS, ProgressReporter
-    from hpml.components.trainer.progress_state import read_progress
+    from hpml.components.trainer.progress_state import read_progress, read_step_progress
 
     seen = []
 
@@ -36,6 +36,41 @@ def test_the_progress_file_holds_epochs_eta_the_loss_so_far_and_each_epochs_metr
     # Mid-run, after epoch 1: the first epoch's metrics, and an ETA for the two epochs left.
     assert seen[0]["epoch"] == 1 and len(seen[0]["history"]) == 1 and seen[0]["eta_s"] > 0
     assert seen[0]["step"] == 200
+    assert final["grain"] == "step" and read_step_progress(str(tmp_path)) == final
+
+
+def test_an_epoch_reporter_has_no_batch_hook_and_gives_epochs_eta_and_metrics_at_each_epochs_end(tmp_path):
+    """Parameter-server training allows no batch-level callback (tf_keras refuses one that has a batch hook), so it
+    gets the epoch reporter. Its file names no resume step: launchers measure a restart's cost only from steps."""
+    import numpy as np
+    import tf_keras
+
+    from hpml.components.trainer.progress_reporter import EpochProgressReporter
+    from hpml.components.trainer.progress_state import read_progress, read_step_progress
+
+    reporter = EpochProgressReporter(str(tmp_path))
+    assert not reporter._implements_train_batch_hooks(), "tf_keras would refuse it under parameter servers"
+    seen = []
+
+    class Peek(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(read_progress(str(tmp_path)))
+
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+    model.compile("sgd", "mse", metrics=["mae"])
+    x = np.random.default_rng(0).normal(size=(400, 2)).astype("float32")
+    model.fit(x, x[:, :1], validation_data=(x[:40], x[:40, :1]), batch_size=4, epochs=3, verbose=0,
+              callbacks=[reporter, Peek()])
+    # Within an epoch the file holds what the last epoch's end wrote: nothing per step.
+    assert {(p["event"], p["step"]) for p in seen[:100]} == {("begin", 0)}
+    assert seen[100]["event"] == "epoch" and seen[100]["step"] == 100 and seen[100]["eta_s"] > 0
+    assert seen[100]["history"][0]["epoch"] == 1 and set(seen[100]["logs"]) == {"loss", "mae"}
+    final = read_progress(str(tmp_path))
+    assert final["grain"] == "epoch" and final["resumed_from_step"] is None and final["loss_trace"] == []
+    assert final["event"] == "end" and final["step"] == 300 and (final["epoch"], final["epochs"]) == (3, 3)
+    assert final["eta_s"] == 0 and final["steps_per_s"] > 0
+    assert [row["epoch"] for row in final["history"]] == [1, 2, 3] and "val_mae" in final["history"][2]
+    assert read_step_progress(str(tmp_path)) is None
 
 
 def test_a_restart_is_recorded_with_its_reason(tmp_path):

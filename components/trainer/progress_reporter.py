@@ -1,4 +1,4 @@
-"""A callback that publishes training's progress to a small JSON file while it runs."""
+"""Callbacks that publish training's progress to a small JSON file while it runs: every step, or every epoch."""
 from __future__ import annotations
 
 import os
@@ -14,10 +14,12 @@ from hpml.components.trainer.progress_state import PROGRESS_FILE, write_json
 TRACE_POINTS = 256
 
 
-class ProgressReporter(tf_keras.callbacks.Callback):
-    """Publishes the global step (and the step training resumed from), the epoch, an ETA, the loss so far and
-    each finished epoch's metrics, so that a launcher can tell how many steps a failure cost and when training
-    is moving again, and the Airflow UI can show a run's training while it happens."""
+class EpochProgressReporter(tf_keras.callbacks.Callback):
+    """Publishes the epoch, the global step, an ETA and each finished epoch's metrics at each epoch's end, for the
+    Airflow UI. It is what parameter-server training gets: tf_keras allows it no batch-level callback. Its file says
+    `grain: "epoch"`, and it names no resume step: a launcher cannot count steps lost from it."""
+
+    GRAIN = "epoch"
 
     def __init__(self, directory: str, every_seconds: float = 0.2):
         super().__init__()
@@ -29,34 +31,67 @@ class ProgressReporter(tf_keras.callbacks.Callback):
         self._stride = 1
         self._history: list[dict] = []
         self._epoch = 0
+        self._epoch_started = 0.0
+        self._resumed: int | None = None
         self._logs: dict = {}
         files.makedirs(directory)
 
     def _step(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
 
+    def _steps_per_s(self, step: int, now: float) -> float | None:
+        """The last whole epoch's pace (set once an epoch has ended)."""
+        steps = (self.params or {}).get("steps")
+        done = self._history and self._history[-1]["epoch"] == self._epoch + 1
+        return steps / (now - self._epoch_started) if steps and done and now > self._epoch_started else None
+
     def _write(self, **extra):
         step, now = self._step(), time.time()
         params = self.params or {}
         epochs, steps = params.get("epochs"), params.get("steps")
         state = {"step": step, "time": now, "resumed_from_step": self._resumed, "pid": os.getpid(),
-                 "epoch": self._epoch + 1, "epochs": epochs, "steps_per_epoch": steps,
+                 "epoch": self._epoch + 1, "epochs": epochs, "steps_per_epoch": steps, "grain": self.GRAIN,
                  "started": self._started, "logs": self._logs, "loss_trace": self._trace,
                  "history": self._history, **extra}
-        first = self._resumed if self._resumed is not None else self._first_step
-        if epochs and steps and step > first and now > self._started:
-            rate = (step - first) / (now - self._started)
+        rate = self._steps_per_s(step, now)
+        if epochs and steps and rate:
             state["steps_per_s"] = rate
             state["eta_s"] = max(0, epochs * steps - step) / rate
         write_json(self._path, state)
 
     def on_train_begin(self, logs=None):
-        self._resumed = None  # the optimizer's counter is restored lazily, at its first update
         self._started, self._first_step = time.time(), self._step()
         self._write(event="begin")
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
+        self._epoch, self._epoch_started = epoch, time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        row = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
+        self._history = [h for h in self._history if h["epoch"] != epoch + 1] + [{"epoch": epoch + 1, **row}]
+        if self.GRAIN == "epoch":  # no step reported the loss
+            self._logs = {k: v for k, v in row.items() if not k.startswith("val_")}
+        self._write(event="epoch")
+
+    def on_train_end(self, logs=None):
+        self._write(event="end")
+
+
+class ProgressReporter(EpochProgressReporter):
+    """Publishes the global step (and the step training resumed from), the epoch, an ETA, the loss so far and
+    each finished epoch's metrics, so that a launcher can tell how many steps a failure cost and when training
+    is moving again, and the Airflow UI can show a run's training while it happens."""
+
+    GRAIN = "step"
+
+    def _steps_per_s(self, step: int, now: float) -> float | None:
+        """The pace since training (or its resumption) began."""
+        first = self._resumed if self._resumed is not None else self._first_step
+        return (step - first) / (now - self._started) if step > first and now > self._started else None
+
+    def on_train_begin(self, logs=None):
+        self._resumed = None  # the optimizer's counter is restored lazily, at its first update
+        super().on_train_begin(logs)
 
     def on_train_batch_end(self, batch, logs=None):
         self._logs = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
@@ -74,11 +109,3 @@ class ProgressReporter(tf_keras.callbacks.Callback):
         if now - self._last >= self._every:
             self._last = now
             self._write(event="step")
-
-    def on_epoch_end(self, epoch, logs=None):
-        row = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
-        self._history = [h for h in self._history if h["epoch"] != epoch + 1] + [{"epoch": epoch + 1, **row}]
-        self._write(event="epoch")
-
-    def on_train_end(self, logs=None):
-        self._write(event="end")

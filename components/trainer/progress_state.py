@@ -42,6 +42,13 @@ def read_progress(directory: str) -> dict | None:
     return read_json(os.path.join(directory, PROGRESS_FILE))
 
 
+def read_step_progress(directory: str) -> dict | None:
+    """The progress file if it reports every step, else None: one written at epochs' ends (parameter servers) names
+    no resume step, so a launcher cannot tell from it what a restart cost or when training moved again."""
+    progress = read_progress(directory)
+    return progress if progress and progress.get("grain", "step") == "step" else None
+
+
 def read_restarts(directory: str) -> list[dict]:
     return read_json(os.path.join(directory, RESTARTS_FILE)) or []
 

@@ -9,7 +9,7 @@ from hpml.components.trainer.callbacks.epoch_metrics import EpochMetricsLogger
 from hpml.components.trainer.callbacks.fit_window import FitWindow
 from hpml.components.trainer.callbacks.tensorboard import TensorBoard
 from hpml.components.trainer.callbacks.terminal_progress import TerminalProgress, progress_mode
-from hpml.components.trainer.progress_reporter import ProgressReporter
+from hpml.components.trainer.progress_reporter import EpochProgressReporter, ProgressReporter
 from hpml.components.trainer.progress_state import progress_dir
 
 log = logging.getLogger("hpml.trainer")
@@ -83,11 +83,13 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
         EpochMetricsLogger(fn_args.model_run_dir, batch_size, epochs, examples_per_epoch),
         FitWindow(fn_args.model_run_dir),
     ]
-    # Under parameter servers the coordinator reschedules a failed worker's steps itself, and
-    # batch-level callbacks are not allowed.
+    # Under parameter servers the coordinator reschedules a failed worker's steps itself, and batch-level
+    # callbacks are not allowed: its progress is published at each epoch's end.
     if every_step:
         if fn_args.working_dir:
             callbacks.append(ProgressReporter(progress_dir(fn_args.working_dir)))
         if progress_mode() == "bar":
             callbacks.append(TerminalProgress(epochs))
+    elif is_chief() and fn_args.working_dir:
+        callbacks.append(EpochProgressReporter(progress_dir(fn_args.working_dir)))
     return callbacks

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from hpml.components.errors import USER_ERROR_EXIT, HpmlError
-from hpml.components.trainer.progress_state import read_progress, record_restart
+from hpml.components.trainer.progress_state import read_step_progress, record_restart
 from hpml.components.trainer.launchers.exits import error_summary
 from hpml.components.trainer.launchers.stopping import LAUNCHER_PID_ENV, raise_if_stopped, sigterm_raises
 
@@ -179,7 +179,7 @@ class LocalLauncher:
                     if failure is None:
                         break
                     report.failures.append(failure)
-                    before = read_progress(progress_dir)
+                    before = read_step_progress(progress_dir)
                     failed_at = time.perf_counter()
                     if report.restarts >= self.max_restarts:
                         raise LaunchError(f"training failed after {report.restarts} restart(s): {failure}"
@@ -206,7 +206,7 @@ class LocalLauncher:
         def watch():
             while True:
                 over = self._launch_over.is_set()  # then one last look at the progress, and no more
-                now = read_progress(progress_dir)
+                now = read_step_progress(progress_dir)
                 resumed = (now or {}).get("resumed_from_step")
                 if now and now.get("pid") != before.get("pid") and resumed is not None and now["step"] > resumed:
                     report.steps_lost += max(before["step"] - now["resumed_from_step"], 0)

@@ -24,7 +24,7 @@ from hpml.components.errors import USER_ERROR_EXIT, HpmlError, SpecError
 from hpml.components.trainer.launchers.cluster_job import ClusterJob
 from hpml.components.trainer.launchers.polling import poll
 from hpml.components.trainer.launchers.stopping import wait_or_stop_job
-from hpml.components.trainer.progress_state import read_progress, record_restart
+from hpml.components.trainer.progress_state import read_step_progress, record_restart
 
 log = logging.getLogger("hpml.launcher.slurm")
 
@@ -195,12 +195,12 @@ class _Recovery:
         self.pending: tuple[dict, float] | None = None
 
     def failed(self) -> None:
-        self.pending = (read_progress(self.progress) or {"step": 0, "pid": None}, time.monotonic())
+        self.pending = (read_step_progress(self.progress) or {"step": 0, "pid": None}, time.monotonic())
 
     def check(self) -> None:
         if self.pending is None:
             return
-        (before, failed_at), now = self.pending, read_progress(self.progress) or {}
+        (before, failed_at), now = self.pending, read_step_progress(self.progress) or {}
         resumed = now.get("resumed_from_step")
         if now.get("started", 0) > before.get("time", 0) and resumed is not None and now.get("step", 0) > resumed:
             self.report.steps_lost += max(before.get("step", 0) - resumed, 0)
