@@ -227,7 +227,8 @@ def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs,
     assert all(p["history"][-1]["epoch"] == p["epoch"] and p["step"] > 0 for p in ends), ends
     pids = list(dict.fromkeys(p["pid"] for p in progress))
     assert len(pids) == 2, f"one coordinator before the kill, one after: {pids}"
-    assert min(p["epoch"] for p in ends if p["pid"] == pids[1]) > 1, ends
+    begun = [p["epoch"] for p in progress if p["event"] == "epoch_begin" and p["pid"] == pids[1]]
+    assert begun and min(begun) > 1, f"the restarted coordinator's epochs begin after its backup: {progress}"
     # It names no resume step, so the launcher's watch for the restart's recovery measures nothing from it (the
     # end of training is no recovery), and ends with the launch, not with this process.
     assert result["launch"]["recovery_seconds"] == [] and result["launch"]["steps_lost"] == 0, result["launch"]

@@ -61,10 +61,13 @@ def test_an_epoch_reporter_has_no_batch_hook_and_gives_epochs_eta_and_metrics_at
     x = np.random.default_rng(0).normal(size=(400, 2)).astype("float32")
     model.fit(x, x[:, :1], validation_data=(x[:40], x[:40, :1]), batch_size=4, epochs=3, verbose=0,
               callbacks=[reporter, Peek()])
-    # Within an epoch the file holds what the last epoch's end wrote: nothing per step.
-    assert {(p["event"], p["step"]) for p in seen[:100]} == {("begin", 0)}
-    assert seen[100]["event"] == "epoch" and seen[100]["step"] == 100 and seen[100]["eta_s"] > 0
-    assert seen[100]["history"][0]["epoch"] == 1 and set(seen[100]["logs"]) == {"loss", "mae"}
+    # Within an epoch the file holds what the epoch's beginning wrote: nothing per step. From the second epoch on,
+    # with the first's metrics and an ETA at its pace.
+    assert {(p["event"], p["epoch"], p["step"]) for p in seen[:100]} == {("epoch_begin", 1, 0)}
+    assert "eta_s" not in seen[0], "no pace before an epoch has ended"
+    assert {(p["event"], p["epoch"], p["step"]) for p in seen[100:200]} == {("epoch_begin", 2, 100)}
+    assert seen[100]["eta_s"] > 0 and seen[100]["history"][0]["epoch"] == 1
+    assert set(seen[100]["logs"]) == {"loss", "mae"}
     final = read_progress(str(tmp_path))
     assert final["grain"] == "epoch" and final["resumed_from_step"] is None and final["loss_trace"] == []
     assert final["event"] == "end" and final["step"] == 300 and (final["epoch"], final["epochs"]) == (3, 3)

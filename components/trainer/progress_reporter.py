@@ -15,9 +15,10 @@ TRACE_POINTS = 256
 
 
 class EpochProgressReporter(tf_keras.callbacks.Callback):
-    """Publishes the epoch, the global step, an ETA and each finished epoch's metrics at each epoch's end, for the
-    Airflow UI. It is what parameter-server training gets: tf_keras allows it no batch-level callback. Its file says
-    `grain: "epoch"`, and it names no resume step: a launcher cannot count steps lost from it."""
+    """Publishes the epoch, the global step, an ETA from the last epoch's pace and each finished epoch's metrics as
+    each epoch begins and ends, for the Airflow UI. It is what parameter-server training gets: tf_keras allows it no
+    batch-level callback. Its file says `grain: "epoch"` and names no resume step: a launcher cannot count steps lost
+    from it."""
 
     GRAIN = "epoch"
 
@@ -25,14 +26,17 @@ class EpochProgressReporter(tf_keras.callbacks.Callback):
         super().__init__()
         self._path = os.path.join(directory, PROGRESS_FILE)
         # An object store takes about one write a second to the same object (GCS's documented limit).
-        self._every = max(every_seconds, 1.0) if files.is_url(directory) else every_seconds
+        self._on_store = files.is_url(directory)
+        self._every = max(every_seconds, 1.0) if self._on_store else every_seconds
         self._last = 0.0
+        self._written = 0.0
         self._trace: list[list[float]] = []
         self._stride = 1
         self._history: list[dict] = []
         self._epoch = 0
         self._epoch_started = 0.0
         self._resumed: int | None = None
+        self._pace: float | None = None
         self._logs: dict = {}
         files.makedirs(directory)
 
@@ -40,10 +44,8 @@ class EpochProgressReporter(tf_keras.callbacks.Callback):
         return int(self.model.optimizer.iterations.numpy())
 
     def _steps_per_s(self, step: int, now: float) -> float | None:
-        """The last whole epoch's pace (set once an epoch has ended)."""
-        steps = (self.params or {}).get("steps")
-        done = self._history and self._history[-1]["epoch"] == self._epoch + 1
-        return steps / (now - self._epoch_started) if steps and done and now > self._epoch_started else None
+        """The last whole epoch's pace (once an epoch has ended)."""
+        return self._pace
 
     def _write(self, **extra):
         step, now = self._step(), time.time()
@@ -58,19 +60,24 @@ class EpochProgressReporter(tf_keras.callbacks.Callback):
             state["steps_per_s"] = rate
             state["eta_s"] = max(0, epochs * steps - step) / rate
         write_json(self._path, state)
+        self._written = time.perf_counter()
 
     def on_train_begin(self, logs=None):
-        self._started, self._first_step = time.time(), self._step()
-        self._write(event="begin")
+        self._started, self._first_step = time.time(), self._step()  # first written as the first epoch begins
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._epoch_started = epoch, time.time()
+        # The epoch under way (after a restart, the one after the backup). On an object store, at most one write a
+        # second: an epoch that begins within a second of the last write is first shown at its end.
+        if not self._on_store or time.perf_counter() - self._written >= self._every:
+            self._write(event="epoch_begin")
 
     def on_epoch_end(self, epoch, logs=None):
         row = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
         self._history = [h for h in self._history if h["epoch"] != epoch + 1] + [{"epoch": epoch + 1, **row}]
-        if self.GRAIN == "epoch":  # no step reported the loss
-            self._logs = {k: v for k, v in row.items() if not k.startswith("val_")}
+        steps, spent = (self.params or {}).get("steps"), time.time() - self._epoch_started
+        self._pace = steps / spent if steps and spent > 0 else self._pace
+        self._logs = {k: v for k, v in row.items() if not k.startswith("val_")}  # the epoch's loss and metrics
         self._write(event="epoch")
 
     def on_train_end(self, logs=None):
@@ -92,6 +99,10 @@ class ProgressReporter(EpochProgressReporter):
     def on_train_begin(self, logs=None):
         self._resumed = None  # the optimizer's counter is restored lazily, at its first update
         super().on_train_begin(logs)
+        self._write(event="begin")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._epoch_started = epoch, time.time()  # its steps will say so
 
     def on_train_batch_end(self, batch, logs=None):
         self._logs = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))}
