@@ -84,7 +84,7 @@ def standard_callbacks(fn_args, strategy_name: str, batch_size: int, epochs: int
         FitWindow(fn_args.model_run_dir),
     ]
     # Under parameter servers the coordinator reschedules a failed worker's steps itself, and batch-level
-    # callbacks are not allowed: its progress is published at each epoch's end.
+    # callbacks are not allowed: its progress is published as each epoch begins and ends.
     if every_step:
         if fn_args.working_dir:
             callbacks.append(ProgressReporter(progress_dir(fn_args.working_dir)))
