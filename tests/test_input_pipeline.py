@@ -5,6 +5,8 @@ import json
 import os
 import time
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -132,20 +134,47 @@ def test_the_record_count_is_estimated_from_a_sample_within_a_tenth(tmp_path, wi
     """The count (which sizes the shuffle windows) comes from the sample's compressed size. Records of a few dozen
     bytes spend a fifth of it on their CRCs, which do not compress; framing the sample with zeros for them nearly
     doubled the count."""
+    path, schema = _write_wide_shard(tmp_path, 60_000, width)
+    measured = input_pipeline.measure_tfrecords([path], schema, compression="GZIP", batch_size=64,
+                                                sample_records=4096)
+    assert measured.sample_records == 4096
+    assert 0.9 < measured.est_records / 60_000 < 1.1, measured.est_records
+
+
+def _write_wide_shard(folder, rows: int, width: int):
+    """(path, schema) of one GZIP shard of `rows` tf.Examples: an id and `width` floats."""
     schema = schema_utils.schema_from_feature_spec({"id": tf.io.FixedLenFeature([], tf.int64),
                                                     "x": tf.io.FixedLenFeature([width], tf.float32)})
-    values = np.round(np.random.default_rng(0).normal(size=(60_000, width)), 2)
-    path = str(tmp_path / "part-0.gz")
+    values = np.round(np.random.default_rng(0).normal(size=(rows, width)), 2)
+    path = str(folder / "part-0.gz")
     with tf.io.TFRecordWriter(path, "GZIP") as writer:
         for i, row in enumerate(values):
             example = tf.train.Example()
             example.features.feature["id"].int64_list.value.append(i)
             example.features.feature["x"].float_list.value.extend(row)
             writer.write(example.SerializeToString())
-    measured = input_pipeline.measure_tfrecords([path], schema, compression="GZIP", batch_size=64,
-                                                sample_records=4096)
-    assert measured.sample_records == 4096
-    assert 0.9 < measured.est_records / len(values) < 1.1, measured.est_records
+    return path, schema
+
+
+def test_a_machine_busy_with_other_work_does_not_read_as_a_parse_that_waits(tmp_path):
+    """The parse map's width is cores x (wall / CPU time). Other processes holding the cores stretch the wall time
+    without the parse waiting on anything; that time, spent ready to run, is left out, so a loaded machine does not
+    tune more parallel calls than an idle one."""
+    path, schema = _write_wide_shard(tmp_path, 20_000, 16)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * os.cpu_count())]
+    try:
+        time.sleep(0.5)
+        measured = input_pipeline.measure_tfrecords([path], schema, compression="GZIP", batch_size=256,
+                                                    sample_records=16_384)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert measured.map_wall_s_per_record / measured.map_cpu_s_per_record < 1.6, measured
+    assert measured.queued_share > 0.3, measured  # the hogs held the cores for much of the profile
+    spec = tune(measured, schema_fingerprint="x", batch_size=256)
+    assert spec.map_parallelism <= 2 * measured.cores
+    assert "waiting for a core" in next(d["why"] for d in spec.decisions if d["what"] == "map_parallelism")
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -33,6 +33,9 @@ class Measurements:
     cores: int
     ram_total_bytes: int
     ram_available_bytes: int
+    # Of the sample's read and parse wall time, the share its threads spent ready to run but waiting for a core
+    # (other work on the machine). The wall times above leave it out.
+    queued_share: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,17 +50,39 @@ def machine() -> dict:
     return {"cores": cores, "ram_total_bytes": int(memory.total), "ram_available_bytes": int(memory.available)}
 
 
-def _timed(iterable) -> tuple[list, float, float, list[float]]:
-    """Items of an iterable with wall time, process CPU time and per-item wall times."""
+def _queued_seconds() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a core (Linux's per-thread schedstat);
+    0 where the kernel does not say."""
+    total = 0
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/schedstat") as stat:
+                total += int(stat.read().split()[1])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile, or no schedstat
+            continue
+    return total / 1e9
+
+
+def _timed(iterable) -> tuple[list, float, float, list[float], float]:
+    """Items of an iterable with wall time, process CPU time, per-item wall times, and the seconds spent waiting for
+    a core, which the wall time leaves out: on a busy machine they would read as the work waiting on I/O, and
+    size the stages for the load of the moment rather than for the data."""
     items, gaps = [], []
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu, queued = time.perf_counter(), time.process_time(), _queued_seconds()
     last = wall
-    for item in iterable:
+    iterator = iter(iterable)  # held until the end: its threads' waits go with them when it is freed
+    for item in iterator:
         now = time.perf_counter()
         gaps.append(now - last)
         last = now
         items.append(item)
-    return items, time.perf_counter() - wall, time.process_time() - cpu, gaps
+    wall, cpu, queued = time.perf_counter() - wall, time.process_time() - cpu, _queued_seconds() - queued
+    queued = min(max(queued, 0.0), max(wall - cpu, 0.0))  # parallel threads' waits can add up past the wall time
+    return items, wall - queued, cpu, gaps, queued
 
 
 def _nbytes(structure) -> int:
@@ -94,7 +119,7 @@ def measure(
     transform = transform or (lambda parsed: parsed)
     read = tf.data.Dataset.from_tensor_slices(list(sources)).flat_map(open_source).take(sample_records)
     read = read.batch(batch_size).with_options(_sequential())
-    batches, read_wall, read_cpu, read_gaps = _timed(read)
+    batches, read_wall, read_cpu, read_gaps, read_queued = _timed(read)
     records = tf.concat(batches, axis=0) if batches else tf.constant([], tf.string)
     count = int(records.shape[0])
     if count == 0:
@@ -104,9 +129,9 @@ def measure(
 
     sample = tf.data.Dataset.from_tensor_slices(records)
     one = sample.map(lambda r: transform(parse_one(r))).batch(batch_size).with_options(_sequential())
-    _, one_wall, _, _ = _timed(one)
+    _, one_wall, _, _, _ = _timed(one)
     vectorized = sample.batch(batch_size).map(lambda r: transform(parse_batch(r))).with_options(_sequential())
-    parsed, map_wall, map_cpu, gaps = _timed(vectorized)
+    parsed, map_wall, map_cpu, gaps, map_queued = _timed(vectorized)
     parsed_bytes = sum(_nbytes(p) for p in parsed) / count
 
     total_bytes = int(sum(source_bytes))
@@ -123,6 +148,7 @@ def measure(
         parse_one_s_per_record=one_wall / count, parse_batch_s_per_record=map_wall / count,
         map_wall_s_per_record=map_wall / count, map_cpu_s_per_record=map_cpu / count,
         batch_time_p50_s=_percentile(batch_times, 0.5), batch_time_p95_s=_percentile(batch_times, 0.95),
+        queued_share=(read_queued + map_queued) / max(read_wall + map_wall + read_queued + map_queued, 1e-9),
         **machine(),
     )
 

@@ -33,6 +33,13 @@ def _width(cores: int, ratio: float) -> int:
     return max(1, min(MAX_PARALLELISM, math.ceil(cores * ratio)))
 
 
+def _queued(m: Measurements) -> str:
+    if m.queued_share < 0.01:
+        return ""
+    return (f", not counting the {m.queued_share:.0%} of the profile's time spent waiting for a core that other work "
+            f"held")
+
+
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.2f} µs"
 
@@ -82,7 +89,7 @@ def _readers_and_parsers(m: Measurements, decide, deterministic: bool) -> tuple[
         f"{_us(m.parse_one_s_per_record)} parsing record by record ({speedup:.1f}x)"))
     map_ratio = _wait_ratio(m.map_wall_s_per_record, m.map_cpu_s_per_record)
     map_parallelism = decide("map_parallelism", _width(cores, map_ratio), (
-        f"the parse map takes {map_ratio:.1f}x as much wall as CPU time on {cores} core(s)"))
+        f"the parse map takes {map_ratio:.1f}x as much wall as CPU time on {cores} core(s)" + _queued(m)))
     return cycle_length, map_parallelism
 
 
