@@ -231,7 +231,7 @@ def test_parameter_server_cluster_resumes_from_the_epoch_backup(penguin_outputs,
     assert begun and min(begun) > 1, f"the restarted coordinator's epochs begin after its backup: {progress}"
     # It names no resume step, so the launcher's watch for the restart's recovery measures nothing from it (the
     # end of training is no recovery), and ends with the launch, not with this process.
-    assert result["launch"]["recovery_seconds"] == [] and result["launch"]["steps_lost"] == 0, result["launch"]
+    assert "recovery_seconds" not in result["launch"] and "steps_lost" not in result["launch"], result["launch"]
     assert "hpml-recovery-watch" not in [thread.name for thread in threading.enumerate()]
 
 

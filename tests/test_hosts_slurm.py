@@ -204,6 +204,7 @@ def test_a_parameter_server_job_over_both_hosts_resumes_after_losing_its_worker_
     assert killed, f"training ended before worker2 could be killed; last seen {seen}"
     assert launch["launcher"] == "slurm" and launch["restarts"] == 1 and len(launch["jobs"]) == 2, launch
     assert launch["nodes"][-1] == "worker[1-2]", "the job ran again on both worker hosts, the lost one back"
+    assert "steps_lost" not in launch and "recovery_seconds" not in launch, "a PS job reports no step to measure them"
     assert killed["step"] < (epochs - 1) * STEPS_PER_EPOCH, f"killed too late to tell a resume: {killed}"
     # Whichever saw the host gone first ended the job: the chief's own watch of its peers, or Slurm.
     assert re.match(r"Slurm job \d+: (chief-0 exited with 75\b|ended NODE_FAIL)", launch["failures"][0]), \

@@ -25,7 +25,7 @@ from hpml.components.trainer.fn_args import (FnArgs, for_epochs, input_pipeline_
                                              training_epochs)
 from hpml.components.trainer.launchers import remote, s3_job
 from hpml.components.trainer.launchers.cluster_job import REMOTE_LAUNCHERS
-from hpml.components.trainer.progress_state import progress_dir, working_dir_for
+from hpml.components.trainer.progress_state import progress_dir, without_unmeasured_recovery, working_dir_for
 from hpml.components.trainer.step_tuning import TUNED_STEP_FILE
 from hpml.components.trainer.strategies import CLUSTER_STRATEGIES
 from hpml.components.user_module import load_function
@@ -275,6 +275,6 @@ def _launch_local(fn_args: FnArgs, params, plan) -> dict:
 
     job_path = _write_job(fn_args, params, plan)
     launcher = LocalLauncher(params["num_workers"], params["num_ps"], params["max_restarts"])
-    report = launcher.run(job_path, progress_dir(fn_args.working_dir))
-    log.info("launch report: %s", report.to_dict())
-    return report.to_dict()
+    report = without_unmeasured_recovery(launcher.run(job_path, progress_dir(fn_args.working_dir)).to_dict())
+    log.info("launch report: %s", report)
+    return report

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from hpml.components import files
 
@@ -47,6 +49,16 @@ def read_step_progress(directory: str) -> dict | None:
     no resume step, so a launcher cannot tell from it what a restart cost or when training moved again."""
     progress = read_progress(directory)
     return progress if progress and progress.get("grain", "step") == "step" else None
+
+
+def without_unmeasured_recovery(launch: Mapping[str, Any]) -> dict[str, Any]:
+    """A launcher's report without `steps_lost` and `recovery_seconds` where they were not measured. They come from
+    step progress, which a parameter-server job does not write, so a restart of its whole job leaves them unknown,
+    which a 0 would misstate; a worker restarted alone in place needs no recovery."""
+    whole = launch.get("restarts", 0) - len(launch.get("restarted_in_place") or [])
+    if len(launch.get("recovery_seconds") or []) >= whole:
+        return dict(launch)
+    return {name: value for name, value in launch.items() if name not in ("steps_lost", "recovery_seconds")}
 
 
 def read_restarts(directory: str) -> list[dict]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from hpml.components import artifacts
 from hpml.components.results import RunRecord, history_series
+from hpml.components.trainer.progress_state import without_unmeasured_recovery
 
 MODEL_RUN_FILES = (artifacts.METRICS_FILE, artifacts.EVAL_METRICS_FILE, artifacts.CLASSIFICATION_FILE,
                    artifacts.PLAN_FILE, artifacts.GPIPE_RECORD_FILE, artifacts.STALL_FILE, artifacts.TUNED_STEP_FILE,
@@ -60,10 +61,8 @@ def _launch(launch: Mapping[str, Any] | None, metrics: dict, tags: dict) -> None
         tags["hpml.remote_job"] = f"{launch['launcher']}:{launch['job']}"
     if "restarts" in launch:  # a launcher that restarts the job itself (local, slurm)
         metrics["restarts"] = launch["restarts"]
-        # Measured from the chief's progress, which a parameter-server job does not report: a restart of the whole
-        # job there (not of a worker alone) leaves them unknown, which a 0 would misstate.
-        whole = launch["restarts"] - len(launch.get("restarted_in_place") or [])
-        if len(launch["recovery_seconds"]) >= whole:
+        launch = without_unmeasured_recovery(launch)
+        if "steps_lost" in launch:
             metrics.update(steps_lost=launch["steps_lost"], recovery_seconds=sum(launch["recovery_seconds"]))
         if launch.get("restarted_in_place"):  # parameter-server workers restarted without the cluster
             tags["hpml.restarted_in_place"] = ",".join(launch["restarted_in_place"])

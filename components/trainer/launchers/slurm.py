@@ -24,7 +24,7 @@ from hpml.components.errors import USER_ERROR_EXIT, HpmlError, SpecError
 from hpml.components.trainer.launchers.cluster_job import ClusterJob
 from hpml.components.trainer.launchers.polling import poll
 from hpml.components.trainer.launchers.stopping import wait_or_stop_job
-from hpml.components.trainer.progress_state import read_step_progress, record_restart
+from hpml.components.trainer.progress_state import read_step_progress, record_restart, without_unmeasured_recovery
 
 log = logging.getLogger("hpml.launcher.slurm")
 
@@ -263,7 +263,7 @@ def run(job: ClusterJob, working_dir: str, progress: str, *, partition: str | No
             report.nodes.append(ended.nodes)
         if ended.state == DONE and ended.exit_code == 0:
             report.seconds = time.monotonic() - started
-            return {**report.__dict__, "job": ",".join(report.jobs)}
+            return without_unmeasured_recovery({**report.__dict__, "job": ",".join(report.jobs)})
         failure = (f"Slurm job {job_id} ended {ended.state} (exit {ended.exit_code}, reason {ended.reason}; srun's "
                    f"own output: /tmp/hpml-slurm-{job_id}.out on the job's first node)")
         if lost:
