@@ -206,9 +206,11 @@ def test_a_parameter_server_job_over_both_hosts_resumes_after_losing_its_worker_
     assert launch["nodes"][-1] == "worker[1-2]", "the job ran again on both worker hosts, the lost one back"
     assert "steps_lost" not in launch and "recovery_seconds" not in launch, "a PS job reports no step to measure them"
     assert killed["step"] < (epochs - 1) * STEPS_PER_EPOCH, f"killed too late to tell a resume: {killed}"
-    # Whichever saw the host gone first ended the job: the chief's own watch of its peers, or Slurm.
-    assert re.match(r"Slurm job \d+: (chief-0 exited with 75\b|ended NODE_FAIL)", launch["failures"][0]), \
+    # Whichever saw the host gone first ended the job: a task on worker1 watching its peers (the chief or the
+    # parameter server; each watches every peer), or Slurm.
+    assert re.match(r"Slurm job \d+: ((chief|ps)-0 exited with 75\b|ended NODE_FAIL)", launch["failures"][0]), \
         launch["failures"]
+    assert "NODE_FAIL" in launch["failures"][0] or "worker2:8888 has been unreachable" in log, log[-4000:]
     # TF's resolver hands ranks to the roles in name order, a port per task on a node: chief and ps on worker1.
     spec = "{'chief': ['worker1:8888'], 'ps': ['worker1:8889'], 'worker': ['worker2:8888']}"
     assert f"[chief-0] chief-0 on worker1: {spec}" in log, log[-4000:]
