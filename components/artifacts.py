@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hpml.components import files
@@ -91,6 +92,27 @@ def check_split_name(name: str) -> str:
     if not SPLIT_NAME_RE.match(name):
         raise SpecError(f"split name {name!r} is invalid", hint="split names must match ^[A-Za-z0-9][A-Za-z0-9_-]*$")
     return name
+
+
+def shard_name(prefix: str, index: int, count: int, suffix: str = TFRECORD_GZ_SUFFIX) -> str:
+    """The name of shard `index` of `count` (TFX's and Beam's `{prefix}-00001-of-00004.gz`)."""
+    return f"{prefix}-{index:05d}-of-{count:05d}{suffix}"
+
+
+_SHARD_NAME_RE = re.compile(r"^(?P<prefix>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})(?P<suffix>[^/]*)$")
+
+
+def missing_from_shard_series(names: Iterable[str]) -> list[str]:
+    """The shards that a series named as `shard_name` names them lacks, among `names` (relative paths): a series
+    is each prefix, count and suffix of which one shard is there. A series with none left is not seen."""
+    present: dict[tuple[str, int, str], set[int]] = {}
+    for name in names:
+        found = _SHARD_NAME_RE.match(name)
+        if found:
+            series = (found["prefix"], int(found["count"]), found["suffix"])
+            present.setdefault(series, set()).add(int(found["index"]))
+    return sorted(shard_name(prefix, index, count, suffix) for (prefix, count, suffix), indices in present.items()
+                  for index in range(count) if index not in indices)
 
 
 def split_dir(uri: str, split: str) -> str:

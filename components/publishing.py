@@ -23,9 +23,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
-from hpml.components import files
+from hpml.components import artifacts, files
 from hpml.components.artifacts import PUBLISHED_FILE, WRITER_FILE
-from hpml.components.errors import TakenOver
+from hpml.components.errors import HpmlError, TakenOver
 
 _TMP_MARKER = ".tmp-"
 # {output URI: (writer id, when its attempt began)} for the artifacts this process is publishing on an object store.
@@ -94,8 +94,10 @@ def publish(uri: str, started_at: float | None = None) -> Iterator[str]:
         finally:
             _SIGNED.pop(_key(uri), None)
         _hold(uri, writer_id, started_at)
+        written = {name: size for name, size in files.walk_files(uri) if name != WRITER_FILE}
+        _refuse_gaps(uri, written, writer_id)
         files.remove(os.path.join(uri, WRITER_FILE))  # the published artifact is the files the manifest lists
-        manifest = {"files": dict(files.walk_files(uri)), "started_at": started_at}
+        manifest = {"files": written, "started_at": started_at}
         files.write_text(os.path.join(uri, PUBLISHED_FILE), json.dumps(manifest, indent=1, sort_keys=True))
         return
     uri = os.path.abspath(uri)
@@ -225,6 +227,22 @@ def _hold(uri: str, writer_id: str | None, started_at: float) -> None:
         raise TakenOver(f"{uri} was taken over by another attempt of this task while this one wrote it; this "
                         "attempt leaves it to that one", hint=_TAKEN_OVER)
     _sign(uri, started_at, writer_id)
+
+
+def _refuse_gaps(uri: str, written: Iterable[str], writer_id: str) -> None:
+    """Fail this attempt, removing what it wrote, where a series of shards it wrote lacks one: a removal that an
+    earlier attempt sent before its host was cut off (emptying the artifact as it began) can land after this
+    attempt wrote a shard of the same name. Its manifest would list what is left, and readers take that as whole."""
+    missing = artifacts.missing_from_shard_series(written)
+    if not missing:
+        return
+    with contextlib.suppress(Exception):
+        if _writer(uri) == writer_id:
+            files.rmtree(uri)
+    raise HpmlError(f"{uri}: {len(missing)} shard(s) this attempt wrote are gone before it could publish them "
+                    f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); the artifact is not published",
+                    hint="a removal sent by an earlier attempt of this task, held up while its host was cut off, "
+                         "can land late; the task's next try writes the artifact again")
 
 
 def _refuse_if_superseded(uri: str, started_at: float) -> None:

@@ -199,6 +199,42 @@ def test_requests_of_a_cut_off_attempt_that_land_late_leave_the_artifact_to_its_
     assert sorted(_objects(gcs, uri)) == [artifacts.PUBLISHED_FILE, "shard-0", "shard-1", "shard-2"]
 
 
+def test_a_late_removal_of_a_shard_the_retry_wrote_fails_the_retry_and_publishes_nothing(gcs, tmp_path):
+    """An attempt empties the artifact as it begins: a removal it sent before its host was cut off can land after its
+    retry wrote a shard of the same name (here the second of three). The retry's manifest would list the two left,
+    and readers would take two thirds of the split for all of it. The retry fails instead, removes what it wrote and
+    publishes nothing; the task's next try publishes the whole series."""
+    from hpml.components.errors import HpmlError
+
+    uri = f"{gcs.root}/{tmp_path.name}/ExampleGen/examples"
+    shards = [f"Split-train/{artifacts.shard_name(artifacts.EXAMPLES_FILE_PREFIX, i, 3)}" for i in range(3)]
+    began = time.time()
+    with pytest.raises(HpmlError, match=r"1 shard\(s\) this attempt wrote are gone.*data_tfrecord-00001-of-00003\.gz") \
+            as failed:
+        with publishing.publish(uri, began + 40) as retry:
+            for name in shards:
+                files.write_text(f"{retry}/{name}", "x" * 7)
+            files.write_text(f"{retry}/schema.pbtxt", "feature {}")
+            files.remove(f"{retry}/{shards[1]}")  # the cut-off attempt's held-up removal lands
+    assert "next try writes the artifact again" in failed.value.hint
+    assert _objects(gcs, uri) == {}, "nothing is left that a reader could take for the artifact"
+    with pytest.raises(SpecError, match="examples does not exist"):
+        artifacts.require_published(uri, "examples")
+    with publishing.publish(uri, began + 80) as next_try:
+        for name in shards:
+            files.write_text(f"{next_try}/{name}", "x" * 7)
+    assert _manifest(uri) == dict.fromkeys(shards, 7)
+
+
+def test_a_series_of_shards_is_whole_when_every_index_up_to_its_count_is_there():
+    names = ["Split-eval/data_tfrecord-00000-of-00001.gz", "variables/variables.data-00000-of-00002",
+             "variables/variables.data-00001-of-00002", "Split-train/data_tfrecord-00003-of-00004.gz",
+             "Split-train/data_tfrecord-00000-of-00004.gz", "schema.pbtxt", "saved_model.pb"]
+    assert artifacts.missing_from_shard_series(names) == ["Split-train/data_tfrecord-00001-of-00004.gz",
+                                                          "Split-train/data_tfrecord-00002-of-00004.gz"]
+    assert artifacts.missing_from_shard_series(names[:3]) == []
+
+
 def test_a_gate_that_publishes_after_its_retry_did_ends_and_leaves_the_retrys_blessing(gcs, tmp_path, penguin_outputs,
                                                                                         monkeypatch):
     """Any component, not only Transform: a Gate attempt cut off while it scored, and retried meanwhile, comes back

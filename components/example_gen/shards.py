@@ -47,7 +47,7 @@ def partition_keys(values: pa.Array) -> pa.Array:
 
 def shard_path(examples_dir: str, split: str, item: int, items: int) -> str:
     return os.path.join(artifacts.split_dir(examples_dir, split),
-                        f"{artifacts.EXAMPLES_FILE_PREFIX}-{item:05d}-of-{items:05d}{artifacts.TFRECORD_GZ_SUFFIX}")
+                        artifacts.shard_name(artifacts.EXAMPLES_FILE_PREFIX, item, items))
 
 
 class ShardWriters:

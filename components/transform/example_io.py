@@ -124,12 +124,12 @@ def _publish(written: list[str], prefix: str, fence: Callable[[], None]) -> list
     fence()
     files.makedirs(os.path.dirname(prefix))
     if not written:
-        path = f"{prefix}-00000-of-00001{artifacts.TFRECORD_GZ_SUFFIX}"
+        path = artifacts.shard_name(prefix, 0, 1)
         tfrecords.Writer(path).close()
         return [path]
     names = []
     for index, path in enumerate(written):
-        name = f"{prefix}-{index:05d}-of-{len(written):05d}{artifacts.TFRECORD_GZ_SUFFIX}"
+        name = artifacts.shard_name(prefix, index, len(written))
         fence()
         files.rename(path, name)
         names.append(name)
