@@ -85,6 +85,7 @@ test: env browser postgres hosts-deps typecheck
 
 # TFX conformance: hpml's components and modules inside a real TFX 1.16, which needs Python 3.10 (TFX 1.17 and
 # later need glibc 2.39). The environment is .venv-tfx, pinned by infra/tfx-1.16-requirements.txt, with hpml editable.
+# Its tests run in TEST_WORKERS processes, as the rest does: each is a pipeline of its own.
 # The first Python 3.10 that runs: pyenv's (developer and CI machines), else python3.10 on the PATH.
 PYTHON310 ?= $(shell for p in $$(ls -d $$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)/versions/3.10.*/bin/python 2>/dev/null) \
   $$(command -v python3.10); do $$p -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && echo $$p && break; done)
@@ -98,7 +99,7 @@ $(TFX_VENV)/.synced: infra/tfx-1.16-requirements.txt pyproject.toml setup.py | $
 test-tfx:
 	@if [ -z "$(PYTHON310)" ]; then \
 	  echo "TFX conformance tests not run: no Python 3.10 here (TFX 1.16 needs it; set PYTHON310=/path/to/python3.10)"; \
-	else $(MAKE) --no-print-directory $(TFX_VENV)/.synced && $(TFX_VENV)/bin/python -m pytest -p no:cacheprovider -W ignore::FutureWarning -W ignore::DeprecationWarning tests/tfx_conformance; fi
+	else $(MAKE) --no-print-directory $(TFX_VENV)/.synced && $(TFX_VENV)/bin/python -m pytest -n $(TEST_WORKERS) -p no:cacheprovider -W ignore::FutureWarning -W ignore::DeprecationWarning tests/tfx_conformance; fi
 
 # After changing a dependency range in pyproject.toml: pin the TFX 1.16 environment again.
 tfx-requirements: $(UV)
