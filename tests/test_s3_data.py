@@ -358,3 +358,44 @@ def test_the_local_working_folder_of_a_killed_trainer_is_removed_by_the_next_and
         live.stdin.close()
         assert live.wait(timeout=60) == 0
     assert backup_mirror.local_working_dir(str(tmp_path / "local.work")) == str(tmp_path / "local.work")
+
+
+def _checkpoint(folder: str, step: int) -> None:
+    """A stand-in for what BackupAndRestore writes: a checkpoint's two files, then the index naming it."""
+    os.makedirs(folder, exist_ok=True)
+    for name in (f"ckpt-{step}.index", f"ckpt-{step}.data-00000-of-00001"):
+        open(os.path.join(folder, name), "w").write(f"{name} " * 1000)
+    open(os.path.join(folder, "checkpoint"), "w").write(f'model_checkpoint_path: "ckpt-{step}"\n')
+
+
+def test_tasks_of_a_job_restore_the_store_s_backup_once_per_machine_and_again_once_it_moves_on(s3, tmp_path,
+                                                                                               monkeypatch):
+    """Each task of a job submitted again restores the store's backup on its own machine: the first of a machine's
+    tasks downloads it, the others find it there, and a newer backup in the store replaces it."""
+    import concurrent.futures
+
+    from hpml.components.trainer import backup_mirror
+
+    work = f"{s3.root}/{tmp_path.name}/model.work"
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "chief-machine"))
+    local = os.path.join(backup_mirror.local_working_dir(work), "backup")
+    _checkpoint(os.path.join(local, "chief"), 5)
+    backup_mirror.upload(work, "backup", "chief")
+
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "other-machine"))
+    other = os.path.join(backup_mirror.local_working_dir(work), "backup")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two tasks on one machine, at once
+        copied = sorted(pool.map(lambda _: backup_mirror.restore(work, "backup"), range(2)))
+    assert copied[0] == 0 and copied[1] > 0, copied
+    assert sorted(os.listdir(os.path.join(other, "chief"))) == ["checkpoint", "ckpt-5.data-00000-of-00001",
+                                                                "ckpt-5.index"]
+    os.makedirs(os.path.join(other, "workertemp_1"))  # what a task that began training writes beside it
+    assert backup_mirror.restore(work, "backup") == 0 and os.path.isdir(os.path.join(other, "workertemp_1"))
+
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "chief-machine"))
+    _checkpoint(os.path.join(local, "chief"), 10)
+    backup_mirror.upload(work, "backup", "chief")
+    monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "other-machine"))
+    assert backup_mirror.restore(work, "backup") > 0
+    assert sorted(os.listdir(os.path.join(other, "chief"))) == ["checkpoint", "ckpt-10.data-00000-of-00001",
+                                                                "ckpt-10.index"]

@@ -9,6 +9,7 @@ one, however an upload was cut short.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -43,26 +44,54 @@ def _checkpoint_files(folder: str, index_text: str) -> list[str]:
 
 
 def restore(working_dir: str, backup_subdir: str) -> int:
-    """Put the store's last whole backup under the local working dir (replacing what is there); the bytes
-    downloaded. Nothing happens for a working dir that is not on s3://."""
+    """Put the store's last whole backup under the local working dir, where it is not there already; the bytes
+    downloaded. Nothing happens for a working dir that is not on s3://.
+
+    Every process that trains calls it: the Trainer before it launches, and each task of a remote job on its own
+    machine, since only the store outlives a machine. Tasks of one job on one machine take turns (a lock beside the
+    folder), and a folder whose every index names what the store's does is left as it is: the first task's copy
+    serves the rest, and a task never replaces a backup another is reading."""
     if not is_s3(working_dir):
         return 0
     local_root = os.path.join(local_working_dir(working_dir), backup_subdir)
-    shutil.rmtree(local_root, ignore_errors=True)
     remote_root = os.path.join(working_dir, backup_subdir)
-    copied = 0
-    for folder in sorted({os.path.dirname(path) for path, _ in files.walk_files(remote_root)}):
-        remote, local = os.path.join(remote_root, folder), os.path.join(local_root, folder)
-        try:
-            index = files.read_text(os.path.join(remote, INDEX_FILE))
-        except FileNotFoundError:
-            continue
-        for name in _checkpoint_files(remote, index):
-            files.copy_file(os.path.join(remote, name), os.path.join(local, name))
-            copied += files.size(os.path.join(local, name))
+    os.makedirs(os.path.dirname(local_root), exist_ok=True)
+    with open(f"{local_root}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        indexes = _remote_indexes(remote_root)
+        if indexes and all(_is_local(os.path.join(local_root, folder), index) for folder, index in indexes.items()):
+            return 0
+        shutil.rmtree(local_root, ignore_errors=True)
+        copied = 0
+        for folder, index in indexes.items():
+            remote, local = os.path.join(remote_root, folder), os.path.join(local_root, folder)
+            for name in _checkpoint_files(remote, index):
+                files.copy_file(os.path.join(remote, name), os.path.join(local, name))
+                copied += files.size(os.path.join(local, name))
     if copied:
         log.info("restored the backup from %s (%.1f MB)", remote_root, copied / 1e6)
     return copied
+
+
+def _remote_indexes(remote_root: str) -> dict[str, str]:
+    """{folder (relative to `remote_root`): the text of its checkpoint index} for each folder the store holds a
+    backup in."""
+    indexes = {}
+    for folder in sorted({os.path.dirname(path) for path, _ in files.walk_files(remote_root)}):
+        with contextlib.suppress(FileNotFoundError):
+            indexes[folder] = files.read_text(os.path.join(remote_root, folder, INDEX_FILE))
+    return indexes
+
+
+def _is_local(folder: str, index: str) -> bool:
+    """Whether the local `folder` holds the checkpoint the store's `index` names, under the same index."""
+    try:
+        with open(os.path.join(folder, INDEX_FILE), encoding="utf-8") as handle:
+            if handle.read() != index:
+                return False
+        return all(os.path.exists(os.path.join(folder, name)) for name in _checkpoint_files(folder, index))
+    except FileNotFoundError:
+        return False
 
 
 def upload(working_dir: str, backup_subdir: str, folder: str) -> None:

@@ -41,9 +41,10 @@ def main(job_path: str) -> int:
         return 0
 
     from hpml.components.input_pipeline import read_ahead
-    from hpml.components.trainer.backup_mirror import claimed, local_working_dir
+    from hpml.components.trainer.backup_mirror import claimed, local_working_dir, restore
     from hpml.components.trainer.fn_args import FnArgs, make_data_accessor
     from hpml.components.trainer.launchers import s3_job
+    from hpml.components.trainer.resume import BACKUP_DIR
     from hpml.components.trainer.strategies import is_chief, make_strategy
 
     make_strategy(job["strategy"])  # before any other TF op: collective ops are configured at startup
@@ -63,6 +64,7 @@ def main(job_path: str) -> int:
                                   epochs=fields["hyperparameters"].get("epochs"), train_steps=fields["train_steps"])
     fn_args = FnArgs(**fields, data_accessor=accessor)
     with claimed(fields["working_dir"]):
+        restore(fields["working_dir"], BACKUP_DIR)  # over s3://, a job submitted again resumes from the store's backup
         try:
             load_function(job["module"], job["run_fn"])(fn_args)
         except Exception as err:  # a shard's download failed: tf.data passes it on as a bare op error
