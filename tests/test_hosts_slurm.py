@@ -1,11 +1,11 @@
 """The Trainer on a cluster scheduler: launcher `slurm` submits the MultiWorkerMirrored job to Slurm on the test hosts,
 one task per worker host; the tasks address each other through TF's SlurmClusterResolver and share nothing with the
-Trainer but the object store. A worker host that dies mid-training (every process on it SIGKILLed, Slurm's daemon
-included) costs a resubmission that resumes from the last backup on the store, and the model ends as the same
-training without a failure does (run by the local launcher: MultiWorkerMirrored is deterministic). A
-ParameterServer job (chief, server, worker) shares the two hosts, survives losing its worker's host by resuming after
-its last epoch backup, and completes once the chief is done. With every
-artifact on s3://, which TensorFlow cannot read, each task downloads its inputs into its own host's cache."""
+Trainer but the object store. With every artifact on s3://, which TensorFlow cannot read, each task downloads its
+inputs into its own host's cache; a worker host that dies mid-training (every process on it SIGKILLed, Slurm's daemon
+included) costs a resubmission that resumes from the last backup in the bucket, and the model ends as the same
+training without a failure over the gs:// store does (run by the local launcher: MultiWorkerMirrored is
+deterministic). A ParameterServer job (chief, server, worker) shares the two hosts, survives losing its worker's host
+by resuming after its last epoch backup on the gs:// store, and completes once the chief is done."""
 import json
 import os
 import re
@@ -143,41 +143,6 @@ def _between_steps(work: str, after: int, before: int):
     return moment
 
 
-def test_a_worker_host_that_dies_mid_training_costs_a_resubmission_and_the_model_ends_the_same(
-        cluster, cluster_store, slurm, store_penguin, uninterrupted):
-    from hpml.components.trainer.progress_state import working_dir_for
-
-    killed_root = f"{cluster_store.root}/slurm/killed"
-    outputs = {"model": f"{killed_root}/model", "model_run": f"{killed_root}/run"}
-    # Past the first epoch (a backup every 5 steps), well before the end.
-    killer, killed, seen = _kill_mid_training(cluster["worker2"], slurm, cluster_store, _between_steps(
-        working_dir_for(outputs["model"]), STEPS_PER_EPOCH, TOTAL_STEPS - 2 * STEPS_PER_EPOCH))
-    launch, log = _train(cluster, cluster_store, slurm, _inputs(store_penguin), outputs, _params())
-    killer.join(timeout=60)
-    assert killed, f"training ended before worker2 could be killed; last seen {seen}"
-    assert killed["processes"] >= 3, "slurmd, munged and the task all died with the host"
-    assert launch["launcher"] == "slurm" and launch["restarts"] == 1 and len(launch["jobs"]) == 2, launch
-    assert "a slurm job of 2 worker(s)" in log, "the plan says where the workers run"
-    # Each task's log came back through the store: the chief on worker1, the other worker on worker2, each
-    # addressing the other by its host's name; the second job's tasks ended well.
-    assert "[chief-0] chief-0 on worker1: {'chief': ['worker1:8888'], 'worker': ['worker2:8888']}" in log, log[-4000:]
-    assert "[worker-0] worker-0 on worker2:" in log
-    assert "[chief-0] chief-0 exited with 0" in log and "[worker-0] worker-0 exited with 0" in log
-    # The chief's task ended (TF's heartbeat found its peer gone, or the task's own watch of its peer's port);
-    # the launcher cancelled the job, whose lost node Slurm had not yet declared down.
-    assert re.fullmatch(r"Slurm job \d+: chief-0 exited with (1|75); the job was cancelled", launch["failures"][0]), \
-        launch["failures"]
-    assert launch["nodes"][-1] == "worker[1-2]", "the job ran again on both worker hosts, the lost one back"
-    assert len(launch["recovery_seconds"]) == 1 and launch["recovery_seconds"][0] > 0, launch
-    # Backups every 5 steps, progress read at most ~1 s late: a few steps to redo, never an epoch.
-    assert 0 <= launch["steps_lost"] <= STEPS_PER_EPOCH, launch
-    print(f"worker2 killed at step {killed['step']}; training again after {launch['recovery_seconds'][0]:.1f}s; "
-          f"{launch['steps_lost']} step(s) lost")
-    with store_env(cluster_store.env(None)):
-        resumed = served_weights(outputs["model"])
-    assert_same_weights(resumed, uninterrupted)
-
-
 def test_a_parameter_server_job_over_both_hosts_resumes_after_losing_its_worker_host_and_ends_with_its_chief(
         cluster, cluster_store, slurm, store_penguin):
     """strategy parameter_server: the coordinator (chief), a parameter server and a worker as one Slurm job over both
@@ -231,12 +196,15 @@ def test_a_parameter_server_job_over_both_hosts_resumes_after_losing_its_worker_
     slurm.wait_for_nodes()
 
 
-def test_a_job_over_artifacts_on_s3_reads_them_on_each_host_and_trains_the_same_weights(
+def test_a_job_over_artifacts_on_s3_that_loses_a_worker_host_resumes_on_both_hosts_and_ends_with_the_same_weights(
         cluster, cluster_store, cluster_s3, slurm, store_penguin, uninterrupted):
     """The Trainer's inputs and outputs on s3://: each task downloads what it reads by its s3:// URI into a cache on
-    its own host, the chief uploads the model, and the Trainer on the control host publishes it. The weights are
-    those of the same training over the gs:// store."""
+    its own host, backs up to the bucket, and the chief uploads the model, which the Trainer on the control host
+    publishes. worker2 dies mid-training: the launcher submits the job again once the host is back, the tasks resume
+    from the last backup in the bucket, and the weights are those of the same training over the gs:// store without
+    a failure."""
     from hpml.components import artifacts, files, publishing, s3_files
+    from hpml.components.trainer.progress_state import working_dir_for
 
     root = f"{cluster_s3.root}/slurm"
     inputs = {}
@@ -251,10 +219,31 @@ def test_a_job_over_artifacts_on_s3_reads_them_on_each_host_and_trains_the_same_
     s3_files.forget_clients()
     outputs = {"model": f"{root}/model", "model_run": f"{root}/run"}
     store = _WithEnv(cluster_s3, HPML_CACHE_DIR="/tmp/hpml-cache")  # each host's own /tmp
+    # Past the first epoch (a backup every 5 steps), well before the end.
+    killer, killed, seen = _kill_mid_training(cluster["worker2"], slurm, cluster_s3, _between_steps(
+        working_dir_for(outputs["model"]), STEPS_PER_EPOCH, TOTAL_STEPS - 2 * STEPS_PER_EPOCH))
     launch, log = _train(cluster, store, slurm, inputs, outputs, _params())
-    assert launch["launcher"] == "slurm" and launch["restarts"] == 0 and launch["nodes"] == ["worker[1-2]"], launch
+    killer.join(timeout=60)
+    assert killed, f"training ended before worker2 could be killed; last seen {seen}"
+    assert killed["processes"] >= 3, "slurmd, munged and the task all died with the host"
+    assert launch["launcher"] == "slurm" and launch["restarts"] == 1 and len(launch["jobs"]) == 2, launch
+    assert "a slurm job of 2 worker(s)" in log, "the plan says where the workers run"
+    # Each task's log came back through the store: the chief on worker1, the other worker on worker2, each
+    # addressing the other by its host's name; the second job's tasks ended well.
+    assert "[chief-0] chief-0 on worker1: {'chief': ['worker1:8888'], 'worker': ['worker2:8888']}" in log, log[-4000:]
+    assert "[worker-0] worker-0 on worker2:" in log
     assert "[chief-0] chief-0 exited with 0" in log and "[worker-0] worker-0 exited with 0" in log, log[-4000:]
-    for name in ("worker1", "worker2"):
+    # The chief's task ended (TF's heartbeat found its peer gone, or the task's own watch of its peer's port);
+    # the launcher cancelled the job, whose lost node Slurm had not yet declared down.
+    assert re.fullmatch(r"Slurm job \d+: chief-0 exited with (1|75); the job was cancelled", launch["failures"][0]), \
+        launch["failures"]
+    assert launch["nodes"][-1] == "worker[1-2]", "the job ran again on both worker hosts, the lost one back"
+    assert len(launch["recovery_seconds"]) == 1 and launch["recovery_seconds"][0] > 0, launch
+    # Backups every 5 steps, progress read at most ~1 s late: a few steps to redo, never an epoch.
+    assert 0 <= launch["steps_lost"] <= STEPS_PER_EPOCH, launch
+    print(f"worker2 killed at step {killed['step']}; training again after {launch['recovery_seconds'][0]:.1f}s; "
+          f"{launch['steps_lost']} step(s) lost")
+    for name in ("worker1", "worker2"):  # the dead host's cache outlived it, and its second task read from it
         cache = cluster[name].path("/tmp/hpml-cache/s3")
         copies = sorted(os.listdir(cache)) if cache.is_dir() else []
         assert len([c for c in copies if (cache / c).is_dir()]) == 2, (name, copies)  # transform graph, input pipeline
