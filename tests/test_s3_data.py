@@ -371,7 +371,8 @@ def _checkpoint(folder: str, step: int) -> None:
 def test_tasks_of_a_job_restore_the_store_s_backup_once_per_machine_and_again_once_it_moves_on(s3, tmp_path,
                                                                                                monkeypatch):
     """Each task of a job submitted again restores the store's backup on its own machine: the first of a machine's
-    tasks downloads it, the others find it there, and a newer backup in the store replaces it."""
+    tasks downloads it, the others find it there, and a newer backup in the store, or a local checkpoint the store
+    does not hold, makes it download again."""
     import concurrent.futures
 
     from hpml.components.trainer import backup_mirror
@@ -391,6 +392,8 @@ def test_tasks_of_a_job_restore_the_store_s_backup_once_per_machine_and_again_on
                                                                 "ckpt-5.index"]
     os.makedirs(os.path.join(other, "workertemp_1"))  # what a task that began training writes beside it
     assert backup_mirror.restore(work, "backup") == 0 and os.path.isdir(os.path.join(other, "workertemp_1"))
+    _checkpoint(os.path.join(other, "workertemp_1"), 7)  # a checkpoint the store never got: no task resumes from it
+    assert backup_mirror.restore(work, "backup") > 0 and os.listdir(other) == ["chief"]
 
     monkeypatch.setenv("HPML_CACHE_DIR", str(tmp_path / "chief-machine"))
     _checkpoint(os.path.join(local, "chief"), 10)

@@ -50,7 +50,8 @@ def restore(working_dir: str, backup_subdir: str) -> int:
     Every process that trains calls it: the Trainer before it launches, and each task of a remote job on its own
     machine, since only the store outlives a machine. Tasks of one job on one machine take turns (a lock beside the
     folder), and a folder whose every index names what the store's does is left as it is: the first task's copy
-    serves the rest, and a task never replaces a backup another is reading."""
+    serves the rest, and a task never replaces a backup another is reading. A local checkpoint the store does not
+    hold (an upload cut short on a machine that went on) is removed: every task resumes from the same backup."""
     if not is_s3(working_dir):
         return 0
     local_root = os.path.join(local_working_dir(working_dir), backup_subdir)
@@ -59,7 +60,8 @@ def restore(working_dir: str, backup_subdir: str) -> int:
     with open(f"{local_root}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         indexes = _remote_indexes(remote_root)
-        if indexes and all(_is_local(os.path.join(local_root, folder), index) for folder, index in indexes.items()):
+        if _local_indexes(local_root) <= set(indexes) and all(
+                _is_local(os.path.join(local_root, folder), index) for folder, index in indexes.items()):
             return 0
         shutil.rmtree(local_root, ignore_errors=True)
         copied = 0
@@ -81,6 +83,11 @@ def _remote_indexes(remote_root: str) -> dict[str, str]:
         with contextlib.suppress(FileNotFoundError):
             indexes[folder] = files.read_text(os.path.join(remote_root, folder, INDEX_FILE))
     return indexes
+
+
+def _local_indexes(local_root: str) -> set[str]:
+    """The folders (relative to `local_root`) that hold a checkpoint index on local disk."""
+    return {os.path.relpath(folder, local_root) for folder, _, names in os.walk(local_root) if INDEX_FILE in names}
 
 
 def _is_local(folder: str, index: str) -> bool:
