@@ -134,3 +134,44 @@ def test_metrics_are_left_to_a_real_batch_where_the_spec_or_the_model_cannot_say
         model = _classifier()
         assert not keras_internals.build_compiled_metrics_from_spec(model, spec, 8)
         assert not model.compiled_metrics._built, "nothing built"
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_looping_functions_train_and_validate_as_tf_keras_own_loops_do_and_trace_each_step_once(strategy):
+    """hpml's looping train and test functions (a tf.while_loop around tf_keras's one-step functions) against tf_keras's
+    own at 3 steps per call: the same weights, history and evaluation, epochs of 10 steps included (tf_keras cuts an
+    epoch's last call to the step left). tf_keras's Python loop over tf.range makes AutoGraph trace its step twice;
+    hpml's traces each step once."""
+    def run(looping: bool):
+        scope = tf.distribute.MirroredStrategy(["/cpu:0"]) if strategy == "mirrored" else tf.distribute.get_strategy()
+        with scope.scope():
+            model = _classifier()
+            model.compile(tf_keras.optimizers.Adam(0.01), model.loss, metrics=["accuracy"], steps_per_execution=3)
+        traces = {"train": 0, "test": 0}
+        train_step, test_step = model.train_step, model.test_step
+
+        def counted(kind, step):
+            def traced(data):
+                traces[kind] += 1  # Python runs only while tracing
+                return step(data)
+            return traced
+
+        model.train_step, model.test_step = counted("train", train_step), counted("test", test_step)
+        keras_internals.build_compiled_metrics(model, next(iter(_batches())))  # no retrace for creating them
+        model.optimizer.build(model.trainable_variables)
+        if looping:
+            keras_internals.build_looping_train_function(model, 3)
+        data = _batches().repeat()
+        history = model.fit(data, epochs=2, steps_per_epoch=10, validation_data=_batches(), validation_steps=7,
+                            verbose=0).history
+        evaluation = model.evaluate(_batches(), steps=8, verbose=0, return_dict=True)
+        return model.get_weights(), history, evaluation, traces, int(model.optimizer.iterations.numpy())
+
+    weights, history, evaluation, traces, steps = run(looping=True)
+    own_weights, own_history, own_evaluation, own_traces, own_steps = run(looping=False)
+    assert steps == own_steps == 20
+    assert history == own_history and evaluation == own_evaluation
+    for ours, theirs in zip(weights, own_weights):
+        np.testing.assert_array_equal(ours, theirs)
+    assert traces == {"train": 1, "test": 1}
+    assert own_traces == {"train": 2, "test": 2}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tf_keras
 
+from hpml.components.trainer import keras_internals
+
 
 class ConfusionCounts(tf_keras.metrics.Metric):
     """[actual, predicted] counts of a classifier (labels are class ids, outputs scores per class); float64, as
@@ -61,7 +63,7 @@ class ValidationConfusion(tf_keras.callbacks.Callback):
             return model.compute_metrics(x, y, predicted, sample_weight)
 
         model.test_step = test_step
-        model.test_function = None  # traced again, with the counting, at the first validation
+        keras_internals.build_looping_test_function(model)  # traced again, with the counting, at the first validation
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
