@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import sys
 import tempfile
 
@@ -232,3 +233,10 @@ def pytest_xdist_make_scheduler(config, log):
             return _shared_group(nodeid) or nodeid
 
     return SharedOnceScheduling(config, log)
+
+
+def pytest_unconfigure(config):
+    """The session's HPML_HOME goes with the session: a whole `make test` leaves several GB of runs in each process's
+    home. HPML_KEEP_TEST_HOME=1 keeps it, to look into a failure."""
+    if not os.environ.get("HPML_KEEP_TEST_HOME"):
+        shutil.rmtree(_SESSION_HOME, ignore_errors=True)
