@@ -144,6 +144,12 @@ def serving_model_path(uri: str) -> str:
     return os.path.join(uri, SERVING_MODEL_DIR)
 
 
+def serving_staging_path(serving_model_dir: str) -> str:
+    """Where `ServingExport` builds the serving model beside `serving_model_dir` while fit runs; what a run_fn that
+    never published it leaves there, the Trainer removes."""
+    return serving_model_dir.rstrip("/") + ".staging"
+
+
 def require_files(pattern: str, what: str) -> list[str]:
     """The files of a split, once each is the size its writer recorded and none it recorded is missing."""
     found = files.glob(pattern)

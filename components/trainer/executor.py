@@ -167,6 +167,7 @@ def _train(fn_args: FnArgs, params: Mapping[str, Any], plan, cluster, distribute
         except (OSError, ValueError) as unreadable:  # e.g. a line cut short by a killed worker
             log.warning("the finished epochs' metrics could not be read: %s", unreadable)
         raise
+    files.rmtree(artifacts.serving_staging_path(fn_args.serving_model_dir))  # staged by a run_fn that never published
     if not files.isdir(fn_args.serving_model_dir):
         raise SpecError(
             f"run_fn finished but wrote no model to serving_model_dir ({fn_args.serving_model_dir})",

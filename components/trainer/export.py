@@ -32,12 +32,20 @@ def export_serving_model(model, tf_transform_output, serving_model_dir: str, lab
                          class_names: list[str] | None = None, regression: bool = False) -> None:
     """Save `model` with the transform graph in front: a classifier's signature returns probabilities, class ids
     and (with `class_names`) classes; a regressor's (`regression=True`) returns predictions."""
+    save_serving_model(model, tf_transform_output, serving_model_dir, label_key, class_names, regression)
+
+
+def save_serving_model(model, tf_transform_output, serving_model_dir: str, label_key: str,
+                       class_names: list[str] | None = None, regression: bool = False,
+                       include_optimizer: bool = True) -> None:
+    """What `export_serving_model` does, with the optimizer's state left out where `include_optimizer` is False."""
     model.tft_layer = tf_transform_output.transform_features_layer()
-    model.save(serving_model_dir, save_format="tf", save_traces=not _rebuilt_from_config(model),
+    model.save(serving_model_dir, save_format="tf", save_traces=not rebuilt_from_config(model),
+               include_optimizer=include_optimizer,
                signatures=_signatures(model, tf_transform_output, label_key, class_names, regression))
 
 
-def _rebuilt_from_config(model) -> bool:
+def rebuilt_from_config(model) -> bool:
     """Whether Keras can load `model` back from its config alone: a Functional or Sequential model of tf_keras's own
     layers. Then the export skips tracing every layer's call for Keras's loader (about 40% of the export's time);
     a model with a layer or model class of its own keeps the traces, which is how Keras loads those without the

@@ -197,10 +197,9 @@ def run_fn(fn_args):
     """Train the model under the planned strategy and export it for serving raw tf.Examples."""
     import tf_keras
 
-    from hpml.v1 import (CoordinatorValidation, InputStallProbe, ValidationConfusion, epoch_size,
-                         export_serving_model, final_eval_metrics, make_strategy, record_pipeline_schedule,
-                         resume_training_data, standard_callbacks, tune_training_step, write_classification_report,
-                         write_eval_metrics)
+    from hpml.v1 import (CoordinatorValidation, InputStallProbe, ServingExport, ValidationConfusion, epoch_size,
+                         final_eval_metrics, make_strategy, record_pipeline_schedule, resume_training_data,
+                         standard_callbacks, tune_training_step, write_classification_report, write_eval_metrics)
 
     hp = dict(DEFAULT_HYPERPARAMETERS, **(fn_args.hyperparameters or {}))
     config = fn_args.custom_config or {}
@@ -233,6 +232,10 @@ def run_fn(fn_args):
     class_names = None if TASK != "classification" else [
         c.decode() if isinstance(c, bytes) else c for c in tf_transform_output.vocabulary_by_name(LABEL_KEY)]
     confusion = None if class_names is None else ValidationConfusion(len(class_names))
+    # Saves the serving model (transform graph, signatures) during fit; publish() then writes the trained weights
+    export = ServingExport(tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, class_names=class_names,
+                           regression=TASK != "classification")
+    callbacks.append(export)
     if strategy_name == "parameter_server":
         # The coordinator schedules steps on the workers; each worker makes its own dataset.
         train = tf_keras.utils.experimental.DatasetCreator(lambda context: _dataset(
@@ -276,6 +279,4 @@ def run_fn(fn_args):
     write_eval_metrics(fn_args.model_run_dir, final_eval_metrics(model, evaluation, eval_steps, history))
     if TASK == "classification":
         write_classification_report(fn_args.model_run_dir, model, evaluation, class_names, eval_steps, confusion)
-        export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, class_names=class_names)
-    else:
-        export_serving_model(model, tf_transform_output, fn_args.serving_model_dir, LABEL_KEY, regression=True)
+    export.publish(model)

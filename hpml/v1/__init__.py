@@ -54,6 +54,7 @@ _EXPORTS = {
     "InputStallProbe": "hpml.components.trainer.callbacks.input_stall_probe:InputStallProbe",
     "tune_training_step": "hpml.components.trainer.step_tuning:tune_training_step",
     "export_serving_model": "hpml.components.trainer.export:export_serving_model",
+    "ServingExport": "hpml.components.trainer.callbacks:ServingExport",
     "write_eval_metrics": "hpml.components.trainer.export:write_eval_metrics",
     "final_eval_metrics": "hpml.components.trainer.evaluation:final_eval_metrics",
     "write_classification_report": "hpml.components.trainer.classification:write_classification_report",

@@ -4,6 +4,7 @@ from hpml.components.trainer.callbacks.coordinator_validation import Coordinator
 from hpml.components.trainer.callbacks.divergence import StopOnDivergence, StopOnDivergenceEveryStep
 from hpml.components.trainer.callbacks.epoch_metrics import METRICS_FILE, EpochMetricsLogger, read_metrics
 from hpml.components.trainer.callbacks.fit_window import FitWindow
+from hpml.components.trainer.callbacks.serving_export import ServingExport
 from hpml.components.trainer.callbacks.standard import epoch_size, standard_callbacks
 from hpml.components.trainer.callbacks.tensorboard import TensorBoard
 from hpml.components.trainer.callbacks.terminal_progress import (TerminalProgress, close_terminal_progress,
@@ -11,6 +12,6 @@ from hpml.components.trainer.callbacks.terminal_progress import (TerminalProgres
 from hpml.components.trainer.callbacks.validation_confusion import ValidationConfusion
 
 __all__ = ["BackupAndRestore", "CoordinatorValidation", "EpochMetricsLogger", "FitWindow", "METRICS_FILE",
-           "StopOnDivergence", "StopOnDivergenceEveryStep", "TensorBoard", "TerminalProgress",
+           "ServingExport", "StopOnDivergence", "StopOnDivergenceEveryStep", "TensorBoard", "TerminalProgress",
            "close_terminal_progress", "epoch_size", "progress_mode", "read_metrics", "standard_callbacks",
            "ValidationConfusion"]

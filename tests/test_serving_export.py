@@ -1,0 +1,97 @@
+"""ServingExport saves the serving model from a twin during fit and writes only the trained weights after it: the
+published SavedModel must serve exactly what `export_serving_model` of the same model serves."""
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_transform as tft
+import tf_keras
+
+from hpml.components import artifacts
+from hpml.components.trainer.callbacks import ServingExport
+from hpml.components.trainer.export import export_serving_model
+from test_export import Doubled, _penguin, _transformed
+
+CLASSES = ["a", "b", "c"]
+
+
+def _raw_examples(penguin_outputs, count: int = 32) -> tf.Tensor:
+    """Serialized raw tf.Examples of the eval split, as a client sends them."""
+    files = sorted(glob.glob(os.path.join(penguin_outputs["ExampleGen"]["examples"], "Split-eval", "*.gz")))
+    return tf.stack(list(tf.data.TFRecordDataset(files, compression_type="GZIP").take(count)))
+
+
+def _train(model, penguin, export: ServingExport) -> dict:
+    """Three epochs of fit with `export` among the callbacks; what the export had begun by the end of fit."""
+    features = _transformed(penguin, 5)
+    features = {name: tf.tile(value, [40]) for name, value in features.items()}
+    labels = tf.tile(tf.constant([0, 1, 2, 1, 0], tf.int64), [40])
+    data = tf.data.Dataset.from_tensor_slices((features, labels)).batch(20)
+    seen = {}
+
+    class Watch(tf_keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            seen["staging_started"] = export._thread is not None
+
+    model.fit(data, epochs=3, callbacks=[export, Watch()], verbose=0)
+    return seen
+
+
+def _served(serving: str, examples: tf.Tensor) -> dict:
+    return {name: value.numpy() for name, value in
+            tf.saved_model.load(serving).signatures["serving_default"](examples=examples).items()}
+
+
+def _optimizer_keys(serving: str) -> list[str]:
+    return [name for name, _ in tf.train.list_variables(os.path.join(serving, "variables", "variables"))
+            if name.startswith("optimizer/")]
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_the_model_staged_during_fit_serves_what_an_export_after_fit_serves(penguin_outputs, tmp_path, strategy):
+    penguin = _penguin()
+    tfo = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"])
+    scope = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if strategy == "mirrored" else \
+        tf.distribute.get_strategy()
+    with scope.scope():
+        model = penguin.build_model(tfo, 0.05)
+    serving = artifacts.serving_model_path(str(tmp_path / "model"))
+    export = ServingExport(tfo, serving, penguin.LABEL_KEY, class_names=CLASSES)
+    seen = _train(model, penguin, export)
+    export.publish(model)
+    after_fit = str(tmp_path / "after_fit")
+    export_serving_model(model, tfo, after_fit, penguin.LABEL_KEY, class_names=CLASSES)
+
+    assert seen["staging_started"]
+    assert not os.path.exists(artifacts.serving_staging_path(serving))
+    # the staged twin (no optimizer state) was published, not an export made after fit
+    assert _optimizer_keys(serving) == [] and _optimizer_keys(after_fit) != []
+    loaded = tf_keras.models.load_model(serving, compile=False)
+    for trained, published in zip(model.get_weights(), loaded.get_weights(), strict=True):
+        np.testing.assert_array_equal(trained, published)
+    examples = _raw_examples(penguin_outputs)
+    served, expected = _served(serving, examples), _served(after_fit, examples)
+    assert set(served) == set(expected) == {"probabilities", "class_ids", "classes"}
+    for name in expected:
+        np.testing.assert_array_equal(served[name], expected[name])
+    assert set(tf.saved_model.load(serving).signatures) == set(tf.saved_model.load(after_fit).signatures)
+
+
+def test_a_model_keras_cannot_rebuild_from_its_config_is_exported_after_fit(penguin_outputs, tmp_path):
+    penguin = _penguin()
+    tfo = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"])
+    plain = penguin.build_model(tfo, 0.05)
+    model = tf_keras.Model(plain.inputs, Doubled()(plain.outputs[0]))
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy")
+    serving = artifacts.serving_model_path(str(tmp_path / "model"))
+    export = ServingExport(tfo, serving, penguin.LABEL_KEY, class_names=CLASSES)
+    seen = _train(model, penguin, export)
+    export.publish(model)
+
+    assert not seen["staging_started"]
+    assert _optimizer_keys(serving) != []  # exported whole after fit
+    inputs = _transformed(penguin)
+    loaded = tf_keras.models.load_model(serving, compile=False, custom_objects={"Doubled": Doubled})
+    np.testing.assert_array_equal(loaded(inputs, training=False).numpy(), model(inputs, training=False).numpy())
