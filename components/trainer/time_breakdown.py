@@ -12,10 +12,11 @@ DESCRIPTIONS = {
     "step_tuning": "measuring the training step: the steps per call, XLA and precision",
     "step_trace": "tracing the training step, done while tuning it; fit reuses it, where plain fit pays it in its "
                   "first epoch",
-    "epochs": "the epochs, validation included",
+    "epochs": "the epochs, validation included (and a ServingExport's staging, which runs alongside them)",
     "input_stall_probe": "measuring the share of a step that waits on input",
     "other_in_fit": "the rest of fit: callbacks between epochs (backups, progress)",
-    "after_training": "after fit: eval metrics, the per-class report, the export",
+    "after_training": "after fit: eval metrics, the per-class report, the export (with ServingExport, its "
+                      "trained weights)",
 }
 
 
