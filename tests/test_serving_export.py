@@ -2,6 +2,7 @@
 published SavedModel must serve exactly what `export_serving_model` of the same model serves."""
 import glob
 import os
+import textwrap
 
 import numpy as np
 import pytest
@@ -10,9 +11,11 @@ import tensorflow_transform as tft
 import tf_keras
 
 from hpml.components import artifacts
+from hpml.components.trainer import TRAINER
 from hpml.components.trainer.callbacks import ServingExport
 from hpml.components.trainer.export import export_serving_model
 from test_export import Doubled, _penguin, _transformed
+from tests.helpers import trainer_inputs
 
 CLASSES = ["a", "b", "c"]
 
@@ -95,3 +98,41 @@ def test_a_model_keras_cannot_rebuild_from_its_config_is_exported_after_fit(peng
     inputs = _transformed(penguin)
     loaded = tf_keras.models.load_model(serving, compile=False, custom_objects={"Doubled": Doubled})
     np.testing.assert_array_equal(loaded(inputs, training=False).numpy(), model(inputs, training=False).numpy())
+
+
+UNPUBLISHED_MODULE = textwrap.dedent('''
+    """A run_fn that lets ServingExport stage its model during fit, then saves its own and never publishes."""
+    import tensorflow as tf
+    import tensorflow_transform as tft
+    import tf_keras
+    from tfx_bsl.public import tfxio
+
+    from hpml.v1 import ServingExport
+
+    FEATURES = ["bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"]
+
+    def run_fn(fn_args):
+        tft_output = tft.TFTransformOutput(fn_args.transform_output)
+        dataset = fn_args.data_accessor.tf_dataset_factory(
+            fn_args.train_files, tfxio.TensorFlowDatasetOptions(batch_size=8, label_key="species"),
+            tft_output.transformed_metadata.schema).repeat()
+        inputs = {name: tf_keras.Input(shape=(), name=name) for name in FEATURES}
+        stacked = tf_keras.layers.Concatenate()([tf_keras.layers.Reshape((1,))(inputs[n]) for n in FEATURES])
+        model = tf_keras.Model(inputs, tf_keras.layers.Dense(3, activation="softmax")(stacked))
+        model.compile("sgd", "sparse_categorical_crossentropy")
+        export = ServingExport(tft_output, fn_args.serving_model_dir, "species", class_names=["a", "b", "c"])
+        model.fit(dataset.map(lambda f, y: ({n: f[n] for n in FEATURES}, y)), steps_per_epoch=5, epochs=1,
+                  callbacks=[export], verbose=0)
+        export._thread.join()
+        assert tf.io.gfile.exists(fn_args.serving_model_dir + ".staging/saved_model.pb"), "staged during fit"
+        model.save(fn_args.serving_model_dir, save_format="tf")
+''')
+
+
+def test_the_trainer_removes_a_staged_model_its_run_fn_never_published(penguin_outputs, tmp_path):
+    module = tmp_path / "unpublished.py"
+    module.write_text(UNPUBLISHED_MODULE)
+    outputs = {"model": str(tmp_path / "model"), "model_run": str(tmp_path / "model_run")}
+    TRAINER.run(trainer_inputs(penguin_outputs), outputs, {"module": str(module)})
+
+    assert sorted(os.listdir(outputs["model"])) == [artifacts.SERVING_MODEL_DIR]
