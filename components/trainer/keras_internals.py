@@ -1,8 +1,9 @@
 """Every use of a private tf_keras attribute, in one place.
 
 The tuned step and the input-stall probe change how many steps a compiled train function runs per call, swap
-train functions, and walk nested layers; tf_keras has no public API for these. A tf_keras upgrade that renames one
-breaks here, and tests/test_keras_internals.py names which (PRIVATE_ATTRIBUTES).
+train functions and walk nested layers; ServingExport gives its own thread Keras's seed source. tf_keras has no
+public API for these. A tf_keras upgrade that renames one breaks here, and tests/test_keras_internals.py names
+which (PRIVATE_ATTRIBUTES; tests/test_serving_export.py for the seed source).
 """
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ PRIVATE_ATTRIBUTES = {
     "compiled_loss": "Model.compile: the loss container, which builds its metric on its first call",
     "compiled_metrics": "Model.compile: the metrics container, which builds its metrics on its first call",
 }
+
+
+def seed_this_thread(seed: int) -> None:
+    """Give this thread Keras's own source of initializer seeds. Without one, a thread other than the one that called
+    `tf_keras.utils.set_random_seed` draws them from Python's global `random`, moving every other thread's draws on."""
+    import random
+
+    from tf_keras.src import backend
+
+    backend._SEED_GENERATOR.generator = random.Random(seed)
+
+
 _LOOPING = "_hpml_looping"  # hpml's own mark: the train function was built to loop over several steps per call
 
 

@@ -16,6 +16,7 @@ import tf_keras
 
 from hpml.components import files
 from hpml.components.artifacts import serving_staging_path
+from hpml.components.trainer import keras_internals
 from hpml.components.trainer.export import export_serving_model, rebuilt_from_config, save_serving_model
 
 log = logging.getLogger("hpml.trainer")
@@ -50,6 +51,7 @@ class ServingExport(tf_keras.callbacks.Callback):
         try:
             tfo, _, label_key, class_names, regression = self._export
             files.rmtree(self._staged)
+            keras_internals.seed_this_thread(0)  # the twin's initial values are thrown away: no shared random state
             twin = tf_keras.models.clone_model(model)
             save_serving_model(twin, tfo, self._staged, label_key, class_names, regression, include_optimizer=False)
             self._twin = twin
