@@ -1,6 +1,7 @@
 """ServingExport saves the serving model from a twin during fit and writes only the trained weights after it: the
 published SavedModel must serve exactly what `export_serving_model` of the same model serves."""
 import glob
+import logging
 import os
 import random
 import textwrap
@@ -44,6 +45,17 @@ def _train(model, penguin, export: ServingExport) -> dict:
     return seen
 
 
+class _Records(logging.Handler):
+    """The messages TensorFlow's logger passes on, as the Trainer's log would show them."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 def _served(serving: str, examples: tf.Tensor) -> dict:
     return {name: value.numpy() for name, value in
             tf.saved_model.load(serving).signatures["serving_default"](examples=examples).items()}
@@ -65,9 +77,15 @@ def test_the_model_staged_during_fit_serves_what_an_export_after_fit_serves(peng
         model = penguin.build_model(tfo, 0.05)
     serving = artifacts.serving_model_path(str(tmp_path / "model"))
     export = ServingExport(tfo, serving, penguin.LABEL_KEY, class_names=CLASSES)
-    seen = _train(model, penguin, export)
-    export.publish(model)
+    logged = _Records()
+    logging.getLogger("tensorflow").addHandler(logged)
+    try:
+        seen = _train(model, penguin, export)
+        export.publish(model)
+    finally:
+        logging.getLogger("tensorflow").removeHandler(logged)
     assert random.random() == Random(1).random(), "the twin drew its initial values from the global random"
+    assert not [line for line in logged.lines if "compiled metrics" in line], "Keras's warning for an uncompiled model"
     after_fit = str(tmp_path / "after_fit")
     export_serving_model(model, tfo, after_fit, penguin.LABEL_KEY, class_names=CLASSES)
 

@@ -20,6 +20,15 @@ from hpml.components.trainer import keras_internals
 from hpml.components.trainer.export import export_serving_model, rebuilt_from_config, save_serving_model
 
 log = logging.getLogger("hpml.trainer")
+_THREAD = "hpml-serving-export"
+
+
+class _UncompiledTwin(logging.Filter):
+    """Drops the warning Keras's save logs for a model that was never compiled ("the compiled metrics have yet to
+    be built"): the twin is uncompiled on purpose, and the warning would reach the Trainer's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.threadName == _THREAD and record.getMessage().startswith("Compiled the loaded model"))
 
 
 class ServingExport(tf_keras.callbacks.Callback):
@@ -42,12 +51,13 @@ class ServingExport(tf_keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self._thread is None and _stageable(self.model, self._export[1]):
-            self._thread = threading.Thread(target=self._stage, args=(self.model,), name="hpml-serving-export",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._stage, args=(self.model,), name=_THREAD, daemon=True)
             self._thread.start()
 
     def _stage(self, model) -> None:
         """Save a twin of `model` at the staging path; fit's model is only read (Keras's save would change it)."""
+        quiet, tf_logger = _UncompiledTwin(), logging.getLogger("tensorflow")
+        tf_logger.addFilter(quiet)
         try:
             tfo, _, label_key, class_names, regression = self._export
             files.rmtree(self._staged)
@@ -57,6 +67,8 @@ class ServingExport(tf_keras.callbacks.Callback):
             self._twin = twin
         except Exception as error:  # noqa: BLE001 - publish() exports after fit instead, and says why
             self._error = error
+        finally:
+            tf_logger.removeFilter(quiet)
 
     def publish(self, model) -> None:
         """Put `model`'s serving SavedModel at `serving_model_dir`: the staged twin with `model`'s weights, or a
