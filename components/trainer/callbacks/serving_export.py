@@ -36,8 +36,8 @@ class ServingExport(tf_keras.callbacks.Callback):
     the work that does not depend on the weights done during fit. Call `publish(model)` once fit is over.
 
     The staged model carries no optimizer state (serving needs none). A model Keras cannot rebuild from its config
-    (a model or layer class of its own), one trained across processes, or a destination on an object store is
-    exported by `publish` after fit, as `export_serving_model` does.
+    (a model or layer class of its own), one trained under a strategy with replicas, or a destination on an object
+    store is exported by `publish` after fit, as `export_serving_model` does.
     """
 
     def __init__(self, tf_transform_output, serving_model_dir: str, label_key: str,
@@ -92,9 +92,10 @@ class ServingExport(tf_keras.callbacks.Callback):
 
 
 def _stageable(model, serving_model_dir: str) -> bool:
-    """Whether a twin can stand in for `model` during fit: built from its config, on local disk, trained by one
-    process (variables made in a second thread must not take part in a multi-worker strategy's collectives)."""
+    """Whether a twin can stand in for `model` during fit: built from its config, on local disk, trained on one
+    device. Under a strategy with replicas, a second thread's work in the strategy's scope can take collective keys
+    that fit's replicas need in step (seen under MirroredStrategy as a collective's shape mismatch)."""
     strategy = model.distribute_strategy
-    one_process = isinstance(strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.MirroredStrategy)) or (
+    one_device = isinstance(strategy, tf.distribute.OneDeviceStrategy) or (
         type(strategy).__name__ == "_DefaultDistributionStrategy")
-    return one_process and not files.is_url(serving_model_dir) and rebuilt_from_config(model)
+    return one_device and not files.is_url(serving_model_dir) and rebuilt_from_config(model)
