@@ -103,19 +103,24 @@ def test_the_model_staged_during_fit_serves_what_an_export_after_fit_serves(peng
     assert set(tf.saved_model.load(serving).signatures) == set(tf.saved_model.load(after_fit).signatures)
 
 
+def _exported_whole_after_fit(model, penguin, tfo, tmp_path) -> str:
+    """Fit with a ServingExport and publish; checks nothing was staged (the optimizer's state shows a whole export)."""
+    serving = artifacts.serving_model_path(str(tmp_path / "model"))
+    export = ServingExport(tfo, serving, penguin.LABEL_KEY, class_names=CLASSES)
+    seen = _train(model, penguin, export)
+    export.publish(model)
+    assert not seen["staging_started"]
+    assert _optimizer_keys(serving) != []
+    return serving
+
+
 def test_a_model_with_replicas_is_exported_after_fit(penguin_outputs, tmp_path):
     """Under MirroredStrategy a second thread's work could take collective keys fit's replicas need in step."""
     penguin = _penguin()
     tfo = tft.TFTransformOutput(penguin_outputs["Transform"]["transform_graph"])
     with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
         model = penguin.build_model(tfo, 0.05)
-    serving = artifacts.serving_model_path(str(tmp_path / "model"))
-    export = ServingExport(tfo, serving, penguin.LABEL_KEY, class_names=CLASSES)
-    seen = _train(model, penguin, export)
-    export.publish(model)
-
-    assert not seen["staging_started"]
-    assert _optimizer_keys(serving) != []  # exported whole after fit
+    serving = _exported_whole_after_fit(model, penguin, tfo, tmp_path)
     loaded = tf_keras.models.load_model(serving, compile=False)
     for trained, published in zip(model.get_weights(), loaded.get_weights(), strict=True):
         np.testing.assert_array_equal(trained, published)
@@ -127,13 +132,7 @@ def test_a_model_keras_cannot_rebuild_from_its_config_is_exported_after_fit(peng
     plain = penguin.build_model(tfo, 0.05)
     model = tf_keras.Model(plain.inputs, Doubled()(plain.outputs[0]))
     model.compile(optimizer=tf_keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy")
-    serving = artifacts.serving_model_path(str(tmp_path / "model"))
-    export = ServingExport(tfo, serving, penguin.LABEL_KEY, class_names=CLASSES)
-    seen = _train(model, penguin, export)
-    export.publish(model)
-
-    assert not seen["staging_started"]
-    assert _optimizer_keys(serving) != []  # exported whole after fit
+    serving = _exported_whole_after_fit(model, penguin, tfo, tmp_path)
     inputs = _transformed(penguin)
     loaded = tf_keras.models.load_model(serving, compile=False, custom_objects={"Doubled": Doubled})
     np.testing.assert_array_equal(loaded(inputs, training=False).numpy(), model(inputs, training=False).numpy())
